@@ -1,0 +1,58 @@
+"""The ``rsnotify`` command line.
+
+Each subcommand lives in its own module exposing ``NAME``, ``HELP``,
+``configure(parser)`` and ``run(args) -> int``; modules are imported only when
+their subcommand runs, so ``rsnotify --help`` stays fast and one broken
+optional dependency cannot take down every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+
+# (subcommand name, module, one-line help). Order is the order shown in --help.
+COMMANDS: list[tuple[str, str, str]] = [
+    ("inspect", "rsnotify.commands.inspect", "read a ResourceSync document and describe it"),
+    ("simulate", "rsnotify.simulator.command", "serve a changing ResourceSync Source over HTTP"),
+]
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
+    parser = argparse.ArgumentParser(
+        prog="rsnotify",
+        description="Push notifications for ResourceSync (ANSI/NISO Z39.99).",
+    )
+    parser.add_argument("--version", action="version", version=f"rsnotify {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    modules: dict[str, str] = {}
+    for name, module, help_text in COMMANDS:
+        modules[name] = module
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser, modules
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, modules = build_parser()
+    if not argv or argv[0] not in modules:
+        args = parser.parse_args(argv)  # prints help / version / usage errors
+        parser.print_help()
+        return 2
+    name = argv[0]
+    module = importlib.import_module(modules[name])
+    sub = argparse.ArgumentParser(prog=f"rsnotify {name}", description=module.HELP)
+    module.configure(sub)
+    args = sub.parse_args(argv[1:])
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

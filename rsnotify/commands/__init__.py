@@ -1,0 +1,1 @@
+"""Small subcommands that need no package of their own."""

@@ -1,0 +1,599 @@
+"""The one HTTP client every rsnotify component shares.
+
+Publisher polling, subscriber fetching and discovery all need the same few
+things from HTTP: conditional GET (ETag / If-Modified-Since) so polling an
+unchanged Change List costs a 304, resumable ranges for large resources, a hard
+byte limit enforced *while* reading (a hostile Source must not be able to make
+us buffer a gigabyte), timeouts, and an origin allow-list so a forged
+notification cannot make a subscriber fetch from anywhere (SSRF).  This module
+is that thin adapter over :mod:`aiohttp`; it knows nothing about ResourceSync.
+
+Errors, all documented and all under :class:`rsnotify.errors.RsNotifyError`:
+
+* :class:`rsnotify.errors.FetchError` -- unreachable server, timeout, HTTP
+  status other than 2xx/304 (``.status`` set), too many redirects, a 206 whose
+  ``Content-Range`` does not start where we asked, an unsupported scheme.
+* :class:`ResponseTooLarge` -- the body would exceed ``max_bytes``.  It is both
+  a ``FetchError`` and a :class:`rsnotify.errors.DocumentTooLarge`, so callers
+  that handle "could not fetch" and callers that handle "document refused for
+  size" both catch it without knowing about this module.
+* :class:`OriginNotAllowed` -- a ``FetchError`` raised *before any connection*
+  when the URL (or any redirect hop) is outside ``allowed_origins``.
+
+Redirects are followed here, not by aiohttp, precisely so every hop is checked
+against the allow-list.  The check compares scheme, IDNA host and port; it does
+not stop a permitted host name from resolving to a private address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Collection, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from urllib.parse import unquote, urljoin
+
+import aiohttp
+import yarl
+
+from . import __version__
+from .errors import DocumentTooLarge, FetchError
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "FetchResult",
+    "FetchStream",
+    "Fetcher",
+    "OriginNotAllowed",
+    "ResponseTooLarge",
+    "check_origin",
+    "has_rel",
+    "origin_of",
+    "parse_link_header",
+]
+
+DEFAULT_MAX_BYTES = 50_000_000  # the Sitemap protocol's 50 MB document limit
+USER_AGENT = f"rsnotify/{__version__}"
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_SCHEMES = frozenset({"http", "https"})
+
+
+class ResponseTooLarge(FetchError, DocumentTooLarge):
+    """The response body exceeded ``max_bytes``; the rest was never read."""
+
+    def __init__(self, url: str, limit: int, *, declared: int | None = None):
+        self.limit = limit
+        self.declared = declared
+        if declared is not None:
+            message = f"Content-Length {declared} exceeds the limit of {limit} bytes"
+        else:
+            message = f"response body exceeds the limit of {limit} bytes"
+        # MRO: FetchError.__init__ -> DocumentError.__init__ -> Exception, so both
+        # families' attributes (url/status and reason/line/element) are set.
+        super().__init__(url, message)
+
+
+class OriginNotAllowed(FetchError):
+    """The URL's origin (scheme://host:port) is not in the allowed set."""
+
+    def __init__(self, url: str, origin: str, allowed: Collection[str]):
+        self.origin = origin
+        self.allowed = frozenset(allowed)
+        listed = ", ".join(sorted(self.allowed)) or "(none)"
+        super().__init__(url, f"origin {origin} is not allowed (allowed: {listed})")
+
+
+# --- pure helpers -------------------------------------------------------------
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host:port`` with the IDNA host and the default port made explicit.
+
+    Explicit ports make ``http://a`` and ``http://a:80`` the same origin, and
+    IDNA makes ``bücher.example`` and ``xn--bcher-kva.example`` the same, so the
+    allow-list cannot be bypassed by spelling a host differently.
+    """
+    try:
+        parsed = yarl.URL(url)
+        scheme = parsed.scheme.lower()
+        host = (parsed.raw_host or "").lower()
+        port = parsed.port
+    except (ValueError, TypeError, UnicodeError) as exc:
+        raise FetchError(str(url), f"invalid URL ({exc})") from None
+    if not scheme or not host:
+        raise FetchError(url, "not an absolute URL (scheme and host are required)")
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}" if port is not None else f"{scheme}://{host}"
+
+
+def _normalise_origins(allowed: Collection[str]) -> frozenset[str]:
+    # Entries may be origins or any URL on the origin (e.g. a Source's base URL).
+    return frozenset(origin_of(item) for item in allowed)
+
+
+def check_origin(url: str, allowed: Collection[str] | None) -> None:
+    """Raise :class:`OriginNotAllowed` unless ``url``'s origin is in ``allowed``.
+
+    ``None`` means no restriction.  An empty collection allows nothing.
+    """
+    if allowed is None:
+        return
+    origin = origin_of(url)
+    permitted = _normalise_origins(allowed)
+    if origin not in permitted:
+        raise OriginNotAllowed(url, origin, permitted)
+
+
+def parse_link_header(value: str) -> list[tuple[str, dict[str, str]]]:
+    """Parse an HTTP ``Link`` header (RFC 8288) into ``(target, params)`` pairs.
+
+    Header values come from the network, so the parser is lenient: a malformed
+    link-value is skipped up to the next top-level comma and parsing continues,
+    never raising.  Targets are returned as written (not resolved; see
+    :meth:`FetchResult.links` for resolved ones).  Parameter names are
+    lower-cased; the first occurrence of a parameter wins (RFC 8288 section
+    3.3 for ``rel``); ``rel`` and ``rev`` values are lower-cased with their
+    whitespace collapsed, so ``has_rel`` can split them.  Extended parameters
+    (``title*=UTF-8''...``, RFC 8187) are decoded and stored under their
+    starred name.
+    """
+    links: list[tuple[str, dict[str, str]]] = []
+    i, n = 0, len(value)
+    while i < n:
+        while i < n and value[i] in " \t\r\n,":
+            i += 1
+        if i >= n:
+            break
+        if value[i] != "<":
+            i = _skip_to_comma(value, i)
+            continue
+        end = value.find(">", i + 1)
+        if end < 0:
+            break
+        target = value[i + 1 : end].strip()
+        i = end + 1
+        params: dict[str, str] = {}
+        while True:
+            i = _skip_ows(value, i)
+            if i >= n or value[i] == ",":
+                break
+            if value[i] != ";":
+                i = _skip_to_comma(value, i)
+                break
+            i = _skip_ows(value, i + 1)
+            start = i
+            while i < n and value[i] not in ";,= \t\r\n":
+                i += 1
+            name = value[start:i].lower()
+            i = _skip_ows(value, i)
+            param_value = ""
+            if i < n and value[i] == "=":
+                i = _skip_ows(value, i + 1)
+                if i < n and value[i] == '"':
+                    param_value, i = _quoted_string(value, i)
+                else:
+                    start = i
+                    while i < n and value[i] not in ";, \t\r\n":
+                        i += 1
+                    param_value = value[start:i]
+            if not name or name in params:
+                continue
+            if name.endswith("*"):
+                param_value = _decode_ext_value(param_value)
+            if name in ("rel", "rev"):
+                param_value = " ".join(param_value.lower().split())
+            params[name] = param_value
+        links.append((target, params))
+    return links
+
+
+def has_rel(params: Mapping[str, str], rel: str) -> bool:
+    """True when a link's space-separated ``rel`` includes ``rel`` (case-insensitive)."""
+    return rel.lower() in params.get("rel", "").lower().split()
+
+
+def _skip_ows(value: str, i: int) -> int:
+    while i < len(value) and value[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _skip_to_comma(value: str, i: int) -> int:
+    """Index just past the next comma outside quotes and angle brackets."""
+    n = len(value)
+    while i < n:
+        char = value[i]
+        if char == ",":
+            return i + 1
+        if char == '"':
+            _, i = _quoted_string(value, i)
+            continue
+        if char == "<":
+            end = value.find(">", i + 1)
+            i = n if end < 0 else end + 1
+            continue
+        i += 1
+    return n
+
+
+def _quoted_string(value: str, i: int) -> tuple[str, int]:
+    """Read a quoted-string starting at ``value[i] == '"'``; unterminated ends at EOS."""
+    out: list[str] = []
+    i += 1
+    n = len(value)
+    while i < n:
+        char = value[i]
+        if char == "\\" and i + 1 < n:
+            out.append(value[i + 1])
+            i += 2
+            continue
+        if char == '"':
+            return "".join(out), i + 1
+        out.append(char)
+        i += 1
+    return "".join(out), n
+
+
+def _decode_ext_value(raw: str) -> str:
+    """RFC 8187 ``charset'lang'pct-encoded``; anything else is returned unchanged."""
+    charset, sep, rest = raw.partition("'")
+    if not sep:
+        return raw
+    _lang, sep, encoded = rest.partition("'")
+    if not sep:
+        return raw
+    try:
+        return unquote(encoded, encoding=charset or "utf-8", errors="strict")
+    except (LookupError, UnicodeDecodeError):
+        return raw
+
+
+def _content_range_start(value: str | None) -> int | None:
+    """First byte position of ``Content-Range: bytes START-END/TOTAL``, else None."""
+    if not value:
+        return None
+    unit, _, spec = value.strip().partition(" ")
+    if unit.lower() != "bytes":
+        return None
+    first, dash, _ = spec.partition("-")
+    if not dash or not first.strip().isdigit():
+        return None
+    return int(first)
+
+
+# --- results ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FetchResult:
+    """One HTTP response, fully read (``get``) or described before streaming.
+
+    ``headers`` has lower-cased names; repeated headers are joined with ", " as
+    HTTP allows, and ``links`` holds every ``Link`` header parsed, with targets
+    resolved against ``final_url``.  ``etag``/``last_modified`` are the values
+    to send next time; on a 304 without them the validators that were sent are
+    echoed back, since they are still current.  ``partial`` is True for a 206,
+    and ``range_start`` is then the first byte of ``body`` within the resource.
+    """
+
+    url: str
+    final_url: str
+    status: int
+    headers: dict[str, str]
+    links: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    body: bytes = b""
+    etag: str | None = None
+    last_modified: str | None = None
+    not_modified: bool = False
+    partial: bool = False
+    range_start: int | None = None
+
+    @property
+    def content_type(self) -> str:
+        """The media type without parameters, lower-cased ("" when absent)."""
+        return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+    def links_with_rel(self, rel: str) -> list[str]:
+        """Targets of the ``Link`` headers whose ``rel`` includes ``rel``."""
+        return [target for target, params in self.links if has_rel(params, rel)]
+
+
+class FetchStream:
+    """An open response whose body is read chunk by chunk.
+
+    ``result`` describes the response (its ``body`` stays empty); iterate the
+    stream for the body.  The byte limit is enforced as chunks arrive.
+    """
+
+    def __init__(
+        self,
+        result: FetchResult,
+        response: aiohttp.ClientResponse | None,
+        *,
+        max_bytes: int,
+        chunk_size: int,
+    ):
+        self.result = result
+        self.received = 0
+        self._response = response
+        self._max_bytes = max_bytes
+        self._chunk_size = chunk_size
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._response is None:
+            return
+        url = self.result.url
+        try:
+            async for chunk in self._response.content.iter_chunked(self._chunk_size):
+                self.received += len(chunk)
+                if self.received > self._max_bytes:
+                    # Closing (not releasing) drops the connection, so the rest of
+                    # the body is never read from the socket.
+                    self._response.close()
+                    raise ResponseTooLarge(url, self._max_bytes)
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self._response.close()
+            raise _translate(url, exc) from exc
+
+    async def read(self) -> bytes:
+        """The whole (limited) body."""
+        return b"".join([chunk async for chunk in self])
+
+
+def _translate(url: str, exc: BaseException, timeout: float | None = None) -> FetchError:
+    """A clear, URL-naming FetchError for a transport-level failure."""
+    if isinstance(exc, TimeoutError):
+        after = f" after {timeout:g}s" if timeout is not None else ""
+        return FetchError(url, f"timed out{after} (server too slow or unresponsive)")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return FetchError(url, f"unreachable server ({exc.os_error or exc})")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return FetchError(url, f"truncated or corrupt response body ({exc})")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return FetchError(url, "server closed the connection before responding")
+    if isinstance(exc, aiohttp.InvalidURL):
+        return FetchError(url, f"invalid URL ({exc})")
+    return FetchError(url, f"request failed ({type(exc).__name__}: {exc})")
+
+
+# --- the client -----------------------------------------------------------------
+
+
+class Fetcher:
+    """One keep-alive HTTP client (one :class:`aiohttp.ClientSession`) per component.
+
+    Use as ``async with Fetcher() as fetcher:`` or call :meth:`close`
+    explicitly.  The session is created on first use, inside the running loop.
+    Cookies are never stored: every request is independent of the last.
+    ``allowed_origins`` (origins or URLs on them) restricts every request and
+    every redirect hop unless a call passes its own set.
+    """
+
+    def __init__(
+        self,
+        *,
+        limit: int = 100,
+        limit_per_host: int = 8,
+        allowed_origins: Collection[str] | None = None,
+        max_redirects: int = 10,
+        chunk_size: int = 65536,
+        user_agent: str = USER_AGENT,
+    ):
+        self.limit = limit
+        self.limit_per_host = limit_per_host
+        self.allowed_origins = (
+            None if allowed_origins is None else _normalise_origins(allowed_origins)
+        )
+        self.max_redirects = max_redirects
+        self.chunk_size = chunk_size
+        self.user_agent = user_agent
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> Fetcher:
+        self._ensure_session()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the session and its pooled connections; idempotent."""
+        self._closed = True
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("Fetcher is closed")
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=self.limit_per_host)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                headers={"User-Agent": self.user_agent},
+                raise_for_status=False,
+            )
+        return self._session
+
+    def check_origin(self, url: str, allowed: Collection[str] | None = None) -> None:
+        """Raise :class:`OriginNotAllowed` if ``url`` is outside ``allowed`` (or the default)."""
+        check_origin(url, self.allowed_origins if allowed is None else allowed)
+
+    async def get(
+        self,
+        url: str,
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        range_start: int | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        timeout: float = 30.0,
+        allowed_origins: Collection[str] | None = None,
+    ) -> FetchResult:
+        """GET ``url`` and read the whole body; ``timeout`` bounds the entire exchange.
+
+        Sends ``If-None-Match``/``If-Modified-Since``/``Range: bytes=N-`` when
+        asked.  A 304 returns ``not_modified=True`` with an empty body; a 206
+        returns ``partial=True``.  A server that ignores ``Range`` answers 200
+        with the full body: check ``partial`` before appending.
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                async with self.stream(
+                    url,
+                    etag=etag,
+                    last_modified=last_modified,
+                    range_start=range_start,
+                    max_bytes=max_bytes,
+                    timeout=timeout,
+                    allowed_origins=allowed_origins,
+                ) as response:
+                    body = await response.read()
+        except TimeoutError as exc:
+            raise _translate(url, exc, timeout) from None
+        response.result.body = body
+        return response.result
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        url: str,
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        range_start: int | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        timeout: float = 30.0,
+        allowed_origins: Collection[str] | None = None,
+    ) -> AsyncIterator[FetchStream]:
+        """Open ``url`` for reading in chunks: ``async with f.stream(u) as s: async for c in s``.
+
+        Same requests, statuses and errors as :meth:`get`, but ``timeout``
+        bounds each connect and each wait for data rather than the whole
+        transfer, since a large resource may legitimately take longer than
+        any fixed total.
+        """
+        allowed = self.allowed_origins if allowed_origins is None else allowed_origins
+        headers: dict[str, str] = {}
+        if etag:
+            headers["If-None-Match"] = etag
+        if last_modified:
+            headers["If-Modified-Since"] = last_modified
+        if range_start is not None:
+            if range_start < 0:
+                raise FetchError(url, f"invalid range start {range_start}")
+            headers["Range"] = f"bytes={range_start}-"
+            # Byte offsets are only meaningful on the unencoded representation.
+            headers["Accept-Encoding"] = "identity"
+        client_timeout = aiohttp.ClientTimeout(
+            total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
+        )
+        session = self._ensure_session()
+        current = url
+        response: aiohttp.ClientResponse | None = None
+        try:
+            for _hop in range(self.max_redirects + 1):
+                if yarl.URL(current).scheme.lower() not in _SCHEMES:
+                    raise FetchError(current, "unsupported URL scheme (only http and https)")
+                check_origin(current, allowed)
+                response = await session.get(
+                    current, headers=headers, allow_redirects=False, timeout=client_timeout
+                )
+                if response.status not in _REDIRECTS:
+                    break
+                location = response.headers.get("Location")
+                response.release()
+                response = None
+                if not location:
+                    raise FetchError(url, f"redirect from {current} without a Location header")
+                current = urljoin(current, location)
+            else:
+                raise FetchError(url, f"too many redirects (more than {self.max_redirects})")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if response is not None:
+                response.close()
+            where = url if current == url else f"{url} (redirected to {current})"
+            raise _translate(where, exc, timeout) from exc
+        except ValueError as exc:  # yarl on a malformed URL
+            raise FetchError(current, f"invalid URL ({exc})") from None
+        try:
+            result = self._describe(url, current, response, etag, last_modified, range_start)
+            if result.not_modified:
+                stream = FetchStream(result, None, max_bytes=max_bytes, chunk_size=self.chunk_size)
+            else:
+                declared = response.content_length
+                if (
+                    declared is not None
+                    and declared > max_bytes
+                    and "content-encoding" not in result.headers
+                ):
+                    raise ResponseTooLarge(url, max_bytes, declared=declared)
+                stream = FetchStream(
+                    result, response, max_bytes=max_bytes, chunk_size=self.chunk_size
+                )
+            yield stream
+        except BaseException:
+            response.close()
+            raise
+        else:
+            response.release()
+
+    def _describe(
+        self,
+        url: str,
+        final_url: str,
+        response: aiohttp.ClientResponse,
+        etag: str | None,
+        last_modified: str | None,
+        range_start: int | None,
+    ) -> FetchResult:
+        """Turn status and headers into a FetchResult, or raise for a refused status."""
+        status = response.status
+        where = url if final_url == url else f"{url} (redirected to {final_url})"
+        if status != 304 and not 200 <= status < 300:
+            reason = response.reason or ""
+            raise FetchError(where, f"HTTP {status} {reason}".rstrip(), status=status)
+        headers: dict[str, str] = {}
+        for name in response.headers:
+            key = name.lower()
+            if key not in headers:
+                headers[key] = ", ".join(response.headers.getall(name))
+        links = [
+            (urljoin(final_url, target), params)
+            for value in response.headers.getall("Link", [])
+            for target, params in parse_link_header(value)
+        ]
+        partial = status == 206
+        start: int | None = None
+        if partial:
+            start = _content_range_start(headers.get("content-range"))
+            if range_start is None or start != range_start:
+                raise FetchError(
+                    where,
+                    f"206 Partial Content starting at {start} but asked for {range_start} "
+                    f"(Content-Range: {headers.get('content-range')!r})",
+                    status=status,
+                )
+        not_modified = status == 304
+        return FetchResult(
+            url=url,
+            final_url=final_url,
+            status=status,
+            headers=headers,
+            links=links,
+            etag=headers.get("etag") or (etag if not_modified else None),
+            last_modified=headers.get("last-modified") or (last_modified if not_modified else None),
+            not_modified=not_modified,
+            partial=partial,
+            range_start=start,
+        )

@@ -1,0 +1,341 @@
+"""The ResourceSync document model (Z39.99 sections 6-13, Appendix A).
+
+Plain dataclasses, no I/O.  A document is a root (``urlset`` or
+``sitemapindex``) with document-level ``rs:md`` and ``rs:ln``, and a sequence of
+entries (``<url>`` or ``<sitemap>``) each with ``loc``, ``lastmod``,
+``changefreq``, an ``rs:md`` and repeated ``rs:ln``.  Every specific document
+(Resource List, Change List Index, ...) is that same shape with a capability,
+so one :class:`Document` class carries them all and typed subclasses add the
+vocabulary of each; :func:`document_class` picks the subclass the way the
+specification says a Destination must: root element first, then capability.
+
+Times are aware UTC ``datetime`` values.  ResourceSync 1.0 puts a change's time
+in ``<lastmod>``; 1.1 adds ``rs:md datetime``.  :attr:`Entry.change_time` reads
+either, so no caller has to care which version a Source speaks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+SITEMAP_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
+RS_NS = "http://www.openarchives.org/rs/terms/"
+
+
+class Capability(StrEnum):
+    """Values of ``rs:md capability`` (section 7)."""
+
+    DESCRIPTION = "description"
+    CAPABILITYLIST = "capabilitylist"
+    RESOURCELIST = "resourcelist"
+    RESOURCEDUMP = "resourcedump"
+    RESOURCEDUMP_MANIFEST = "resourcedump-manifest"
+    CHANGELIST = "changelist"
+    CHANGEDUMP = "changedump"
+    CHANGEDUMP_MANIFEST = "changedump-manifest"
+
+
+class ChangeType(StrEnum):
+    """Values of ``rs:md change`` (section 7)."""
+
+    CREATED = "created"
+    UPDATED = "updated"
+    DELETED = "deleted"
+
+
+class Root(StrEnum):
+    """The two Sitemap root elements; an index is always a ``sitemapindex``."""
+
+    URLSET = "urlset"
+    SITEMAPINDEX = "sitemapindex"
+
+
+CHANGEFREQS = frozenset({"always", "hourly", "daily", "weekly", "monthly", "yearly", "never"})
+
+
+@dataclass(slots=True)
+class Link:
+    """An ``rs:ln`` element: ``rel`` and ``href`` plus the Table 3 attributes.
+
+    ``extra`` keeps attributes from community namespaces (Clark notation keys,
+    ``{ns}name``) so a document round-trips without losing them.
+    """
+
+    rel: str
+    href: str
+    hash: str | None = None
+    length: int | None = None
+    modified: dt.datetime | None = None
+    path: str | None = None
+    type: str | None = None
+    pri: int | None = None
+    encoding: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def priority(self) -> int:
+        """``pri`` with the specification's default of 999,999 when absent."""
+        return 999_999 if self.pri is None else self.pri
+
+
+@dataclass(slots=True)
+class Entry:
+    """A ``<url>`` (or ``<sitemap>``) element with its ``rs:md`` flattened in.
+
+    ``datetime`` is the ResourceSync 1.1 ``rs:md datetime`` attribute;
+    :attr:`change_time` is what callers should use.
+    """
+
+    loc: str
+    lastmod: dt.datetime | None = None
+    changefreq: str | None = None
+    change: ChangeType | None = None
+    datetime: dt.datetime | None = None
+    hash: str | None = None
+    length: int | None = None
+    type: str | None = None
+    path: str | None = None
+    encoding: str | None = None
+    capability: str | None = None
+    at: dt.datetime | None = None
+    completed: dt.datetime | None = None
+    from_: dt.datetime | None = None
+    until: dt.datetime | None = None
+    links: list[Link] = field(default_factory=list)
+    md_extra: dict[str, str] = field(default_factory=dict)
+    line: int | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def change_time(self) -> dt.datetime | None:
+        """When the change happened: ``rs:md datetime`` (1.1) else ``<lastmod>`` (1.0)."""
+        return self.datetime if self.datetime is not None else self.lastmod
+
+    @property
+    def position(self) -> tuple[dt.datetime | None, str]:
+        """(change time, loc): how the specification locates an entry in a Change List."""
+        return (self.change_time, self.loc)
+
+    def hashes(self) -> dict[str, str]:
+        """``hash`` as ``{"md5": hex, "sha-256": hex}``."""
+        return parse_hashes(self.hash)
+
+    def link(self, rel: str) -> Link | None:
+        """The highest-priority link with this relation, if any."""
+        matches = [ln for ln in self.links if ln.rel == rel]
+        return min(matches, key=lambda ln: ln.priority) if matches else None
+
+
+def parse_hashes(value: str | None) -> dict[str, str]:
+    """Split a ``hash`` attribute (whitespace-delimited ``algo:hex``) into a dict."""
+    if not value:
+        return {}
+    out: dict[str, str] = {}
+    for token in value.split():
+        algo, sep, digest = token.partition(":")
+        if sep and algo and digest:
+            out[algo.lower()] = digest.lower()
+    return out
+
+
+@dataclass(slots=True)
+class Document:
+    """Any ResourceSync document: root kind, document-level metadata and links, entries."""
+
+    root: Root
+    capability: str
+    at: dt.datetime | None = None
+    completed: dt.datetime | None = None
+    from_: dt.datetime | None = None
+    until: dt.datetime | None = None
+    links: list[Link] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
+    md_extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_index(self) -> bool:
+        """True for a ``sitemapindex`` (Resource List Index, Change List Index...)."""
+        return self.root is Root.SITEMAPINDEX
+
+    def link(self, rel: str) -> Link | None:
+        """The highest-priority document-level link with this relation, if any."""
+        matches = [ln for ln in self.links if ln.rel == rel]
+        return min(matches, key=lambda ln: ln.priority) if matches else None
+
+    def links_with(self, rel: str) -> list[Link]:
+        """All document-level links with this relation, by priority."""
+        return sorted((ln for ln in self.links if ln.rel == rel), key=lambda ln: ln.priority)
+
+    @property
+    def up(self) -> str | None:
+        link = self.link("up")
+        return link.href if link else None
+
+    @property
+    def index(self) -> str | None:
+        link = self.link("index")
+        return link.href if link else None
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+# --- typed documents ---------------------------------------------------------
+# Subclasses add no fields, only vocabulary, so any Document converts freely.
+
+
+@dataclass(slots=True)
+class SourceDescription(Document):
+    """Section 8: enumerates the Source's Capability Lists."""
+
+    @property
+    def capability_lists(self) -> list[str]:
+        return [e.loc for e in self.entries if e.capability == Capability.CAPABILITYLIST]
+
+
+@dataclass(slots=True)
+class SourceDescriptionIndex(Document):
+    """Section 8: groups several Source Descriptions."""
+
+
+@dataclass(slots=True)
+class CapabilityList(Document):
+    """Section 9: one entry per capability for one set of resources.
+
+    ``hubs`` are the push channels rsnotify advertises with ``rs:ln rel="hub"``.
+    """
+
+    @property
+    def capabilities(self) -> dict[str, str]:
+        return {e.capability: e.loc for e in self.entries if e.capability}
+
+    def capability_url(self, capability: str) -> str | None:
+        return self.capabilities.get(capability)
+
+    @property
+    def hubs(self) -> list[Link]:
+        return self.links_with("hub")
+
+
+@dataclass(slots=True)
+class ResourceList(Document):
+    """Section 10.1: a snapshot of the resources at ``at``."""
+
+
+@dataclass(slots=True)
+class ResourceListIndex(Document):
+    """Section 10.2: groups Resource Lists."""
+
+
+@dataclass(slots=True)
+class ResourceDump(Document):
+    """Section 11.1: points at ZIP packages of resources."""
+
+
+@dataclass(slots=True)
+class ResourceDumpIndex(Document):
+    """Section 11.1: groups Resource Dumps."""
+
+
+@dataclass(slots=True)
+class ResourceDumpManifest(Document):
+    """Section 11.2: the bitstreams inside one Resource Dump package."""
+
+
+@dataclass(slots=True)
+class ChangeList(Document):
+    """Section 12.1: changes in forward chronological order since ``from``.
+
+    A list without ``until`` is open: the Source will append to it.
+    """
+
+    @property
+    def is_open(self) -> bool:
+        return self.until is None
+
+
+@dataclass(slots=True)
+class ChangeListIndex(Document):
+    """Section 12.2: Change Lists in forward chronological order.
+
+    Each entry's ``from_``/``until`` is the interval of one Change List; the one
+    without ``until`` is the open list.
+    """
+
+    @property
+    def open_lists(self) -> list[Entry]:
+        return [e for e in self.entries if e.until is None]
+
+    def lists_since(self, when: dt.datetime | None) -> list[Entry]:
+        """The Change Lists that may hold changes at or after ``when``.
+
+        Lists that ended before ``when`` are skipped; a list ending exactly at
+        ``when`` is kept, since entries sharing the boundary time may sit in it.
+        """
+        if when is None:
+            return list(self.entries)
+        return [e for e in self.entries if e.until is None or e.until >= when]
+
+
+@dataclass(slots=True)
+class ChangeDump(Document):
+    """Section 13.1: points at ZIP packages of changed resources."""
+
+
+@dataclass(slots=True)
+class ChangeDumpIndex(Document):
+    """Section 13.1: groups Change Dumps."""
+
+
+@dataclass(slots=True)
+class ChangeDumpManifest(Document):
+    """Section 13.2: the bitstreams inside one Change Dump package."""
+
+
+_CLASSES: dict[tuple[Root, str], type[Document]] = {
+    (Root.URLSET, Capability.DESCRIPTION): SourceDescription,
+    (Root.SITEMAPINDEX, Capability.DESCRIPTION): SourceDescriptionIndex,
+    (Root.URLSET, Capability.CAPABILITYLIST): CapabilityList,
+    (Root.URLSET, Capability.RESOURCELIST): ResourceList,
+    (Root.SITEMAPINDEX, Capability.RESOURCELIST): ResourceListIndex,
+    (Root.URLSET, Capability.RESOURCEDUMP): ResourceDump,
+    (Root.SITEMAPINDEX, Capability.RESOURCEDUMP): ResourceDumpIndex,
+    (Root.URLSET, Capability.RESOURCEDUMP_MANIFEST): ResourceDumpManifest,
+    (Root.URLSET, Capability.CHANGELIST): ChangeList,
+    (Root.SITEMAPINDEX, Capability.CHANGELIST): ChangeListIndex,
+    (Root.URLSET, Capability.CHANGEDUMP): ChangeDump,
+    (Root.SITEMAPINDEX, Capability.CHANGEDUMP): ChangeDumpIndex,
+    (Root.URLSET, Capability.CHANGEDUMP_MANIFEST): ChangeDumpManifest,
+}
+
+
+def document_class(root: Root, capability: str) -> type[Document]:
+    """The typed class for a (root element, capability) pair; plain Document if unknown."""
+    return _CLASSES.get((root, capability), Document)
+
+
+def make_document(root: Root, capability: str, **fields: object) -> Document:
+    """Build the typed document for ``root`` and ``capability``."""
+    cls = document_class(root, capability)
+    return cls(root=root, capability=capability, **fields)  # type: ignore[arg-type]
+
+
+def is_change_document(capability: str, root: Root) -> bool:
+    """True when entries describe changes (need ``change`` and a change time)."""
+    return root is Root.URLSET and capability in (
+        Capability.CHANGELIST,
+        Capability.CHANGEDUMP_MANIFEST,
+    )
+
+
+def sort_chronologically(entries: Iterable[Entry]) -> list[Entry]:
+    """Entries in forward chronological order (stable for equal times)."""
+    return sorted(entries, key=lambda e: (e.change_time is None, e.change_time or _EPOCH))
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)

@@ -1,0 +1,86 @@
+"""W3C Datetime (https://www.w3.org/TR/NOTE-datetime) parsing and formatting.
+
+ResourceSync times are W3C Datetimes: ``YYYY``, ``YYYY-MM``, ``YYYY-MM-DD`` or a
+full time with an explicit zone (``Z`` or ``+hh:mm``) and optional fractions.
+We normalise everything to timezone-aware UTC ``datetime`` values so that times
+from different documents compare correctly, and always write UTC with ``Z``.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta, timezone
+
+from .errors import InvalidDatetime
+
+_W3C = re.compile(
+    r"(?P<Y>\d{4})(?:-(?P<M>\d{2})(?:-(?P<D>\d{2})"
+    r"(?:T(?P<h>\d{2}):(?P<m>\d{2})(?::(?P<s>\d{2})(?:\.(?P<f>\d+))?)?"
+    r"(?P<tz>Z|[+-]\d{2}:\d{2}))?)?)?"
+)
+
+
+def parse(value: str) -> datetime:
+    """Parse a W3C Datetime into an aware UTC datetime, or raise InvalidDatetime."""
+    text = value.strip()
+    # Fast path for the common full form: fromisoformat is C-fast, and the
+    # shape checks reject the ISO 8601 forms that W3C Datetime does not allow
+    # (basic format, space separator, comma fractions, missing zone).
+    if (
+        len(text) >= 20
+        and text[4] == "-"
+        and text[7] == "-"
+        and text[10] == "T"
+        and text[13] == ":"
+        and (text[-1] == "Z" or text[-3] == ":")
+        and "," not in text
+        and " " not in text
+    ):
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.tzinfo is not None:
+            return parsed if parsed.tzinfo is UTC else parsed.astimezone(UTC)
+    match = _W3C.fullmatch(text)
+    if match is None:
+        raise InvalidDatetime(f"not a W3C datetime: {value!r}")
+    g = match.groupdict()
+    try:
+        frac = g["f"] or "0"
+        micro = int((frac + "000000")[:6])
+        tz = UTC
+        if g["tz"] and g["tz"] != "Z":
+            sign = 1 if g["tz"][0] == "+" else -1
+            tz = timezone(sign * timedelta(hours=int(g["tz"][1:3]), minutes=int(g["tz"][4:6])))
+        parsed = datetime(
+            int(g["Y"]),
+            int(g["M"] or 1),
+            int(g["D"] or 1),
+            int(g["h"] or 0),
+            int(g["m"] or 0),
+            int(g["s"] or 0),
+            micro,
+            tzinfo=tz,
+        )
+    except ValueError as exc:
+        raise InvalidDatetime(f"not a W3C datetime: {value!r} ({exc})") from None
+    return parsed.astimezone(UTC)
+
+
+def format(value: datetime) -> str:
+    """Write an aware datetime as UTC ``YYYY-MM-DDThh:mm:ss[.ffffff]Z``.
+
+    Naive datetimes are refused: guessing a zone is how mirrors drift by hours.
+    """
+    if value.tzinfo is None:
+        raise ValueError("refusing to serialize a naive datetime; use an aware UTC datetime")
+    utc = value.astimezone(UTC)
+    if utc.microsecond:
+        return utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def now() -> datetime:
+    """The current time as an aware UTC datetime."""
+    return datetime.now(UTC)
