@@ -503,7 +503,7 @@ class Fetcher:
         response: aiohttp.ClientResponse | None = None
         try:
             for _hop in range(self.max_redirects + 1):
-                if yarl.URL(current).scheme.lower() not in _SCHEMES:
+                if origin_of(current).split(":", 1)[0] not in _SCHEMES:
                     raise FetchError(current, "unsupported URL scheme (only http and https)")
                 check_origin(current, allowed)
                 response = await session.get(

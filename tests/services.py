@@ -37,9 +37,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import paho.mqtt.client as mqtt
+import psutil
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -141,6 +142,25 @@ def _kill_leftovers() -> None:
             process.kill()
 
 
+def _interrupt_on_sigterm() -> None:
+    """Make SIGTERM (CI timeouts, ``kill <pytest pid>``) unwind like Ctrl-C.
+
+    By default SIGTERM ends Python without teardown or ``atexit``, which would
+    orphan every broker we started (they live in sessions of their own).  As a
+    KeyboardInterrupt, pytest stops, runs fixture teardown, and exits.  Only
+    installed over the default handler, and only from the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def _proc_state(pid: int) -> str | None:
     """The one-letter scheduler state from /proc (``T`` = stopped), if readable."""
     try:
@@ -204,6 +224,7 @@ class ManagedProcess:
     def start(self) -> Self:
         if self.running:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
+        _interrupt_on_sigterm()
         self._start_mark = self.mark()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
@@ -384,8 +405,9 @@ class ManagedProcess:
             scan,
             timeout,
             interval=0.02,
-            message=lambda: f"{self.name} printed no line matching {regex.pattern!r}\n"
-            + self.tail(),
+            message=lambda: (
+                f"{self.name} printed no line matching {regex.pattern!r}\n" + self.tail()
+            ),
         )
 
     def _streams(self, stream: Stream, start: OutputMark) -> list[tuple[Path, int]]:
@@ -520,7 +542,9 @@ class Service:
                 f"{self.name} exited with {self.process.returncode} while starting\n"
                 + self.process.tail()
             )
-        return self._ready()
+        # Our own pid must hold the listening socket: otherwise whoever owns the
+        # port (a leftover, another test) would answer the probe in our place.
+        return _listens_on(self.process.pid, self.port) and self._ready()
 
     def _failure(self) -> str:
         tail = self.process.tail() if self.process else ""
@@ -586,6 +610,14 @@ class _BindFailed(Exception):
     """The service could not bind its port (a race after free_port())."""
 
 
+def _listens_on(pid: int, port: int) -> bool:
+    try:
+        sockets = psutil.Process(pid).net_connections(kind="tcp")
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    return any(s.status == psutil.CONN_LISTEN and s.laddr.port == port for s in sockets)
+
+
 def _tcp_accepts(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
@@ -624,7 +656,7 @@ def mqtt_connack(
         client.connect(host, port, keepalive=10)
         deadline = time.monotonic() + timeout
         while not received and time.monotonic() < deadline:
-            if client.loop(timeout=0.05) not in (mqtt.MQTT_ERR_SUCCESS,):
+            if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
                 break
         if received and not received[0].is_failure:
             client.disconnect()
@@ -698,9 +730,7 @@ class Mosquitto(Service):
         self.persistence = persistence
         self.persistence_location = self.directory / "data"
         self.verbose = verbose
-        self.extra_config = (
-            [extra_config] if isinstance(extra_config, str) else list(extra_config)
-        )
+        self.extra_config = [extra_config] if isinstance(extra_config, str) else list(extra_config)
         self.users: dict[str, str] = {}
         self.password_path: Path | None = None
         if isinstance(password_file, str | os.PathLike):
@@ -800,8 +830,8 @@ class Redis(Service):
     """A private redis-server on ``127.0.0.1:<free port>`` with its data in ``directory``.
 
     AOF is on by default (``appendfsync everysec``), so a graceful
-    :meth:`restart` keeps every write; use ``appendfsync="always"`` when a test
-    :meth:`kill`\\ s Redis and still expects its last writes.
+    :meth:`restart` keeps every write.  A test that crashes Redis with
+    :meth:`kill` and still expects its last writes wants ``appendfsync="always"``.
     """
 
     name = "redis"
@@ -822,9 +852,7 @@ class Redis(Service):
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.password = password
-        self.extra_config = (
-            [extra_config] if isinstance(extra_config, str) else list(extra_config)
-        )
+        self.extra_config = [extra_config] if isinstance(extra_config, str) else list(extra_config)
 
     @property
     def url(self) -> str:
@@ -854,9 +882,9 @@ class Redis(Service):
     def _argv(self) -> list[str]:
         return [self.binary, str(self.config_path)]
 
-    def client(self, **kwargs: object) -> redis.Redis:
-        """A redis-py client for this server; the caller closes it."""
-        return redis.Redis.from_url(self.url, **kwargs)  # type: ignore[arg-type]
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A redis-py client for this server (``kwargs`` go to ``from_url``); caller closes."""
+        return redis.Redis.from_url(self.url, **kwargs)
 
     def _ready(self) -> bool:
         # No retries: redis-py's default retry policy would hide a dead server

@@ -1,0 +1,150 @@
+"""The notification log: durable, ordered, per collection.
+
+The log is where a notification becomes real.  The publisher appends a batch
+of envelopes *and* its checkpoint in one atomic step (a Lua script in Redis, a
+transaction in SQLite), so after a crash either both the entries and the
+checkpoint that covers them exist, or neither: re-detecting an entry can never
+give it a second sequence number, and no entry is skipped.  Transports (MQTT,
+WebSocket, WebSub) then tail the log, each with its own cursor, so a broker
+outage only delays pushes.
+
+Sequence numbers are dense from 1 and never reused: the head is kept apart
+from the entries, so trimming old entries (retention) never rewinds it.  The
+appender passes the head it expects; a mismatch (another publisher got there
+first) or a stale fencing token (a deposed leader) fails the append instead of
+interleaving two writers.
+
+Backends: :mod:`.redis_log` (Redis Streams, for production and for several
+processes) and :mod:`.sqlite_log` (one local file, nothing else to install).
+Both pass the same test suite.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import RsNotifyError
+
+
+class LogError(RsNotifyError):
+    """The log refused an operation."""
+
+
+class LogUnavailable(LogError):
+    """The log's backend cannot be reached right now; retry with backoff."""
+
+
+class LogConflict(LogError):
+    """The head moved since the appender read it (another writer)."""
+
+
+class Fenced(LogError):
+    """The appender's fencing token is older than the current leader's."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One logged notification: its sequence number and envelope bytes (canonical JSON)."""
+
+    seq: int
+    data: bytes
+    logged_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How much of the log to keep: by count, by age, or both (None: unbounded)."""
+
+    max_len: int | None = 100_000
+    max_age_s: float | None = 7 * 24 * 3600.0
+
+
+class NotificationLog(abc.ABC):
+    """What publishers, gateways and dashboards need from a log backend."""
+
+    @abc.abstractmethod
+    async def head(self, collection: str) -> int:
+        """The last sequence number assigned (0 for a new collection)."""
+
+    @abc.abstractmethod
+    async def earliest(self, collection: str) -> int:
+        """The first retained sequence number (``head + 1`` when nothing is retained)."""
+
+    @abc.abstractmethod
+    async def append(
+        self,
+        collection: str,
+        payloads: Sequence[bytes],
+        *,
+        expected_head: int,
+        checkpoint: str,
+        fence: int | None = None,
+        max_len: int | None = None,
+    ) -> int:
+        """Append envelopes for seqs ``expected_head+1...`` and store ``checkpoint``, atomically.
+
+        Returns the new head.  Raises LogConflict, Fenced or LogUnavailable.
+        An empty ``payloads`` just stores the checkpoint (e.g. a new ETag).
+        ``max_len`` trims the oldest entries in the same step (count retention).
+        """
+
+    @abc.abstractmethod
+    async def checkpoint(self, collection: str) -> str | None:
+        """The checkpoint stored with the last append."""
+
+    @abc.abstractmethod
+    async def read(self, collection: str, after: int, limit: int = 1000) -> list[LogRecord]:
+        """Records with seq > ``after``, oldest first, at most ``limit``."""
+
+    @abc.abstractmethod
+    async def wait(
+        self, collection: str, after: int, timeout: float, limit: int = 1000
+    ) -> list[LogRecord]:
+        """Like :meth:`read`, but wait up to ``timeout`` seconds for at least one record."""
+
+    @abc.abstractmethod
+    async def trim(self, collection: str, retention: Retention, now_ms: int) -> int:
+        """Apply retention; returns the earliest retained sequence number."""
+
+    @abc.abstractmethod
+    async def cursor(self, collection: str, name: str) -> int:
+        """A named consumer's position (e.g. ``mqtt``: last seq the broker acknowledged)."""
+
+    @abc.abstractmethod
+    async def set_cursor(self, collection: str, name: str, seq: int) -> None:
+        """Advance a named consumer's position (never moves it backwards)."""
+
+    @abc.abstractmethod
+    async def collections(self) -> dict[str, str]:
+        """Known collections: id -> Capability List URI."""
+
+    @abc.abstractmethod
+    async def register(self, collection: str, capability_list: str) -> None:
+        """Record a collection and its Capability List URI."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections and files."""
+
+    async def __aenter__(self) -> NotificationLog:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def open_log(redis_url: str | None, state_dir: str | None) -> NotificationLog:
+    """Redis when a URL is given, otherwise the embedded SQLite log in ``state_dir``."""
+    if redis_url:
+        from .redis_log import RedisLog
+
+        return RedisLog(redis_url)
+    from pathlib import Path
+
+    from .sqlite_log import SQLiteLog
+
+    directory = Path(state_dir or ".rsnotify")
+    directory.mkdir(parents=True, exist_ok=True)
+    return SQLiteLog(directory / "log.sqlite3")

@@ -1,0 +1,170 @@
+"""The notification log, one suite for both backends (real Redis, real SQLite file)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from rsnotify.log import Fenced, LogConflict, LogUnavailable, NotificationLog, Retention
+from rsnotify.log.redis_log import RedisLog
+from rsnotify.log.sqlite_log import SQLiteLog
+from tests.services import Redis
+
+C = "example.com-c1-capabilitylist-0badc0de"
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+async def log_factory(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[Callable[[], NotificationLog]]:
+    """``make()`` opens a log on the same backing store each call (a 'restart')."""
+    opened: list[NotificationLog] = []
+    if request.param == "redis":
+        server: Redis = request.getfixturevalue("redis_server")
+
+        def make() -> NotificationLog:
+            log = RedisLog(server.url)
+            opened.append(log)
+            return log
+    else:
+
+        def make() -> NotificationLog:
+            log = SQLiteLog(tmp_path / "log.sqlite3")
+            opened.append(log)
+            return log
+
+    yield make
+    for log in opened:
+        await log.close()
+
+
+@pytest.fixture
+async def log(log_factory: Callable[[], NotificationLog]) -> NotificationLog:
+    return log_factory()
+
+
+async def test_append_assigns_dense_sequence_numbers_and_stores_the_checkpoint(
+    log: NotificationLog,
+) -> None:
+    assert await log.head(C) == 0
+    assert await log.earliest(C) == 1
+    assert await log.checkpoint(C) is None
+    head = await log.append(C, [b"a", b"b", b"c"], expected_head=0, checkpoint="cp1")
+    assert head == 3
+    head = await log.append(C, [b"d"], expected_head=3, checkpoint="cp2")
+    assert head == 4
+    records = await log.read(C, after=0)
+    assert [(r.seq, r.data) for r in records] == [(1, b"a"), (2, b"b"), (3, b"c"), (4, b"d")]
+    assert [r.seq for r in await log.read(C, after=2)] == [3, 4]
+    assert [r.seq for r in await log.read(C, after=0, limit=2)] == [1, 2]
+    assert await log.checkpoint(C) == "cp2"
+    assert all(abs(r.logged_ms - time.time() * 1000) < 60_000 for r in records)
+
+
+async def test_a_stale_expected_head_is_a_conflict_and_writes_nothing(log: NotificationLog) -> None:
+    await log.append(C, [b"a"], expected_head=0, checkpoint="cp1")
+    with pytest.raises(LogConflict):
+        await log.append(C, [b"x"], expected_head=0, checkpoint="bad")
+    assert await log.head(C) == 1
+    assert await log.checkpoint(C) == "cp1"
+    assert [r.data for r in await log.read(C, 0)] == [b"a"]
+
+
+async def test_a_stale_fencing_token_is_refused(log: NotificationLog) -> None:
+    await log.append(C, [b"a"], expected_head=0, checkpoint="leader2", fence=2)
+    with pytest.raises(Fenced):
+        await log.append(C, [b"b"], expected_head=1, checkpoint="leader1", fence=1)
+    assert await log.head(C) == 1
+    assert await log.append(C, [b"c"], expected_head=1, checkpoint="leader3", fence=3) == 2
+
+
+async def test_an_empty_append_only_moves_the_checkpoint(log: NotificationLog) -> None:
+    await log.append(C, [b"a"], expected_head=0, checkpoint="cp1")
+    assert await log.append(C, [], expected_head=1, checkpoint="cp-etag") == 1
+    assert await log.checkpoint(C) == "cp-etag"
+
+
+async def test_count_retention_trims_entries_but_never_rewinds_the_head(
+    log: NotificationLog,
+) -> None:
+    await log.append(C, [b"%d" % i for i in range(10)], expected_head=0, checkpoint="c", max_len=4)
+    assert await log.head(C) == 10
+    assert await log.earliest(C) == 7
+    assert [r.seq for r in await log.read(C, 0)] == [7, 8, 9, 10]
+    assert await log.trim(C, Retention(max_len=1, max_age_s=None), int(time.time() * 1000)) == 10
+    assert await log.trim(C, Retention(max_len=0, max_age_s=None), int(time.time() * 1000)) == 11
+    assert await log.read(C, 0) == []
+    assert await log.append(C, [b"next"], expected_head=10, checkpoint="c") == 11
+
+
+async def test_age_retention_drops_entries_older_than_the_cutoff(log: NotificationLog) -> None:
+    await log.append(C, [b"old1", b"old2"], expected_head=0, checkpoint="c")
+    logged = (await log.read(C, 0))[-1].logged_ms
+    # Everything logged so far is older than a cutoff just after it.
+    earliest = await log.trim(C, Retention(max_len=None, max_age_s=0.0), logged + 1)
+    assert earliest == 3
+    await log.append(C, [b"new"], expected_head=2, checkpoint="c")
+    new_ms = (await log.read(C, 0))[0].logged_ms
+    assert await log.trim(C, Retention(max_len=None, max_age_s=3600.0), new_ms) == 3
+    assert [r.data for r in await log.read(C, 0)] == [b"new"]
+
+
+async def test_cursors_only_move_forward(log: NotificationLog) -> None:
+    assert await log.cursor(C, "mqtt") == 0
+    await log.set_cursor(C, "mqtt", 5)
+    await log.set_cursor(C, "mqtt", 3)
+    assert await log.cursor(C, "mqtt") == 5
+    await log.set_cursor(C, "mqtt", 9)
+    assert await log.cursor(C, "mqtt") == 9
+    assert await log.cursor(C, "ws") == 0
+
+
+async def test_wait_returns_as_soon_as_an_append_lands(log: NotificationLog) -> None:
+    await log.append(C, [b"a"], expected_head=0, checkpoint="c")
+    assert await log.wait(C, after=1, timeout=0.05) == []
+    waiter = asyncio.create_task(log.wait(C, after=1, timeout=30))
+    await asyncio.sleep(0)  # let the waiter start blocking before the append
+    await log.append(C, [b"b"], expected_head=1, checkpoint="c")
+    records = await asyncio.wait_for(waiter, 10)
+    assert [(r.seq, r.data) for r in records] == [(2, b"b")]
+
+
+async def test_state_survives_reopening(log_factory: Callable[[], NotificationLog]) -> None:
+    first = log_factory()
+    await first.register(C, "http://example.com/c1/capabilitylist.xml")
+    await first.append(C, [b"a", b"b"], expected_head=0, checkpoint="cp")
+    await first.set_cursor(C, "mqtt", 2)
+    await first.close()
+    second = log_factory()
+    assert await second.head(C) == 2
+    assert await second.checkpoint(C) == "cp"
+    assert await second.cursor(C, "mqtt") == 2
+    assert await second.collections() == {C: "http://example.com/c1/capabilitylist.xml"}
+
+
+async def test_redis_restart_with_aof_keeps_the_log(redis_server: Redis) -> None:
+    log = RedisLog(redis_server.url)
+    try:
+        await log.append(C, [b"a", b"b"], expected_head=0, checkpoint="cp")
+        await asyncio.to_thread(redis_server.restart)
+        # appendfsync everysec: the restart is a clean shutdown, which flushes the AOF.
+        assert await log.head(C) == 2
+        assert [r.data for r in await log.read(C, 0)] == [b"a", b"b"]
+    finally:
+        await log.close()
+
+
+async def test_an_unreachable_redis_raises_log_unavailable(redis_server: Redis) -> None:
+    log = RedisLog(redis_server.url, socket_timeout=1.0)
+    try:
+        await asyncio.to_thread(redis_server.stop)
+        with pytest.raises(LogUnavailable):
+            await log.append(C, [b"a"], expected_head=0, checkpoint="cp")
+        with pytest.raises(LogUnavailable):
+            await log.head(C)
+    finally:
+        await log.close()
