@@ -19,6 +19,11 @@ from . import __version__
 COMMANDS: list[tuple[str, str, str]] = [
     ("inspect", "rsnotify.commands.inspect", "read a ResourceSync document and describe it"),
     ("simulate", "rsnotify.simulator.command", "serve a changing ResourceSync Source over HTTP"),
+    (
+        "publish",
+        "rsnotify.publisher.command",
+        "watch a Source; log and push every new Change List entry",
+    ),
 ]
 
 

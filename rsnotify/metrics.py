@@ -1,0 +1,91 @@
+"""Prometheus metrics and health endpoints shared by every rsnotify process.
+
+Each process owns one registry (no global default registry), so tests can
+run a publisher and a subscriber in one interpreter without name clashes, and
+serves it with ``/metrics`` and ``/healthz`` on ``--metrics-port``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+class PublisherMetrics:
+    """Counters, gauges and histograms of ``rsnotify publish`` (stable names)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.detected = Counter(
+            "rsnotify_detected_total", "Change List entries detected", ["collection"], registry=r
+        )
+        self.published = Counter(
+            "rsnotify_published_total",
+            "Notifications sent per transport",
+            ["collection", "transport"],
+            registry=r,
+        )
+        self.detection_lag = Histogram(
+            "rsnotify_detection_lag_seconds",
+            "Change time in the Change List to detection by the publisher",
+            ["collection"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.publish_latency = Histogram(
+            "rsnotify_publish_latency_seconds",
+            "Detection to send on a transport",
+            ["collection", "transport"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.head = Gauge("rsnotify_log_head", "Last sequence number", ["collection"], registry=r)
+        self.earliest = Gauge(
+            "rsnotify_log_earliest", "Earliest retained sequence number", ["collection"], registry=r
+        )
+        self.poll_errors = Counter(
+            "rsnotify_poll_errors_total", "Failed polls of the Source", ["collection"], registry=r
+        )
+        self.bytes_read = Counter(
+            "rsnotify_source_bytes_total", "Bytes read from the Source", ["collection"], registry=r
+        )
+        self.ws_clients = Gauge(
+            "rsnotify_websocket_clients", "Connected WebSocket clients", registry=r
+        )
+
+
+def metrics_app(
+    registry: CollectorRegistry, healthy: Callable[[], bool] = lambda: True
+) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def healthz(_: web.Request) -> web.Response:
+        ok = healthy()
+        return web.json_response({"ok": ok}, status=200 if ok else 503)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start ``app``; returns the runner (to clean up) and the bound port (port 0 picks one)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server  # aiohttp exposes the bound sockets only here
+    bound = server.sockets[0].getsockname()[1] if server and server.sockets else port
+    return runner, bound

@@ -1,0 +1,149 @@
+"""``rsnotify publish SOURCE``: the command-line front of :mod:`.service`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+
+from ..log import Retention
+from ..logs import setup as setup_logging
+from . import service
+from .service import PublisherConfig
+
+NAME = "publish"
+HELP = "watch a Source's Change Lists; log, sequence and push every new entry"
+
+_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_retention(text: str) -> Retention:
+    """``100000``, ``7d``, ``100000,7d`` or ``none``: count and/or age of the log kept."""
+    max_len: int | None = None
+    max_age: float | None = None
+    if text.strip().lower() == "none":
+        return Retention(max_len=None, max_age_s=None)
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part.isdigit():
+            max_len = int(part)
+        elif (match := _AGE.fullmatch(part)) is not None:
+            max_age = float(match.group(1)) * _UNITS[match.group(2)]
+        else:
+            raise argparse.ArgumentTypeError(f"bad retention {part!r}: use N, Ns/m/h/d, or both")
+    return Retention(max_len=max_len, max_age_s=max_age)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "source",
+        metavar="SOURCE",
+        help="the Source's base URL, a Source Description or Capability List URL, "
+        "or a local directory holding the Source's documents",
+    )
+    where = parser.add_argument_group("log and state")
+    where.add_argument(
+        "--redis", metavar="URL", help="Redis URL for the log (default: embedded SQLite)"
+    )
+    where.add_argument(
+        "--state-dir", default=".rsnotify", help="embedded log directory (default: .rsnotify)"
+    )
+    where.add_argument(
+        "--retain",
+        type=parse_retention,
+        default=Retention(),
+        help="log retention: a count, an age (7d) or both (100000,7d); default 100000,7d",
+    )
+    watch = parser.add_argument_group("watching the Source")
+    watch.add_argument(
+        "--poll", type=float, default=1.0, help="poll interval in seconds (default 1)"
+    )
+    watch.add_argument(
+        "--watch",
+        action="store_true",
+        help="for a local directory: react to file-system notifications within milliseconds",
+    )
+    watch.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="on first run, publish every entry already in the Change Lists "
+        "(default: start at their current end)",
+    )
+    watch.add_argument(
+        "--collection",
+        action="append",
+        default=[],
+        metavar="URL|ID",
+        help="publish only these Capability Lists (repeatable)",
+    )
+    push = parser.add_argument_group("push transports")
+    push.add_argument("--mqtt", metavar="URL", help="mqtt://[user:pass@]host:port or mqtts://...")
+    push.add_argument("--mqtt-ca", metavar="FILE", help="CA certificate for mqtts://")
+    push.add_argument(
+        "--mqtt-insecure", action="store_true", help="do not verify the broker's TLS name"
+    )
+    push.add_argument("--topic-prefix", default="resourcesync", help="MQTT topic prefix")
+    push.add_argument("--ws", metavar="HOST:PORT", help="serve WebSocket clients here")
+    push.add_argument(
+        "--ws-token",
+        default=os.environ.get("RSNOTIFY_WS_TOKEN"),
+        help="bearer token WebSocket clients must present",
+    )
+    push.add_argument(
+        "--ws-only",
+        action="store_true",
+        help="gateway mode: serve WebSocket clients from the shared Redis log, detect nothing",
+    )
+    push.add_argument("--heartbeat", type=float, default=5.0, help="head/heartbeat interval (s)")
+    push.add_argument("--format", choices=("json", "xml"), default="json", help="payload format")
+    push.add_argument(
+        "--secret",
+        default=os.environ.get("RSNOTIFY_SECRET"),
+        help="HMAC-SHA256 signing secret (or RSNOTIFY_SECRET)",
+    )
+    push.add_argument(
+        "--secret-id", default="k1", help="key id sent with signatures (for rotation)"
+    )
+    ops = parser.add_argument_group("operations")
+    ops.add_argument("--metrics-port", type=int, help="serve /metrics and /healthz on this port")
+    ops.add_argument("--metrics-host", default="127.0.0.1")
+    ops.add_argument("--log-level", default="info")
+    ops.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level, args.log_format)
+    if args.ws_only and not args.redis:
+        print("rsnotify publish: --ws-only serves from a shared log and needs --redis", flush=True)
+        return 2
+    if not (args.mqtt or args.ws):
+        print(
+            "rsnotify publish: note: no --mqtt or --ws given; notifications are only logged",
+            flush=True,
+        )
+    config = PublisherConfig(
+        source=args.source,
+        redis=args.redis,
+        state_dir=args.state_dir,
+        mqtt=args.mqtt,
+        ws=args.ws,
+        ws_only=args.ws_only,
+        poll=args.poll,
+        watch=args.watch,
+        topic_prefix=args.topic_prefix,
+        heartbeat=args.heartbeat,
+        retention=args.retain,
+        fmt=args.format,
+        secret=args.secret.encode() if args.secret else None,
+        secret_id=args.secret_id,
+        ws_token=args.ws_token,
+        from_beginning=args.from_beginning,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        collections=args.collection,
+        mqtt_tls_ca=args.mqtt_ca,
+        mqtt_tls_insecure=args.mqtt_insecure,
+    )
+    return asyncio.run(service.run(config))

@@ -1,0 +1,73 @@
+"""Read only what was appended to a growing Change List (pure helpers + state).
+
+A Source appends to its open Change List; re-reading 50,000 entries to find
+the one that is new would make detection cost grow with the list.  After one
+full read we remember three things: the document's *header* (everything before
+the first ``<url>``: the root start tag, ``rs:md``, ``rs:ln``), the byte
+*offset* just past the last complete ``</url>``, and the *overlap* bytes just
+before that offset.  The next read asks for ``Range: bytes=<offset - overlap>-``
+and accepts the answer only if it starts with exactly the overlap we
+remember; the new entries are then parsed from ``header + new bytes``, a
+complete, tiny document.  Anything unexpected (no Range support, a shrunken
+or rewritten list, an unfamiliar serialization) falls back to a full read,
+which is always correct.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+OVERLAP = 64
+MAX_HEADER = 16 * 1024
+_FIRST_ENTRY = re.compile(rb"<url[\s>]")
+_ENTRY_END = b"</url>"
+_ROOT_END = b"</urlset"
+
+
+@dataclass(frozen=True, slots=True)
+class TailState:
+    """Where the last complete entry of a list ends, and how to recognise that place."""
+
+    header: bytes
+    offset: int
+    overlap: bytes
+
+    @property
+    def range_start(self) -> int:
+        return self.offset - len(self.overlap)
+
+
+def scan(body: bytes) -> TailState | None:
+    """The tail state of a complete list body, or None if it cannot be read incrementally."""
+    match = _FIRST_ENTRY.search(body, 0, MAX_HEADER + 5)
+    if match is not None:
+        first = match.start()
+    else:  # no entries yet: the header runs up to the root's end tag
+        first = body.rfind(_ROOT_END)
+        if first < 0 or first > MAX_HEADER:
+            return None
+    end = body.rfind(_ENTRY_END)
+    offset = first if end < first else end + len(_ENTRY_END)
+    start = max(0, offset - OVERLAP)
+    return TailState(header=body[:first], offset=offset, overlap=body[start:offset])
+
+
+def fragment(state: TailState, body: bytes, start: int) -> tuple[bytes, TailState] | None:
+    """Turn a Range answer starting at ``start`` into a small document of the new entries.
+
+    Returns ``(document bytes, new state)``, or None when the answer does not
+    continue the list we know (the overlap differs): the caller reads in full.
+    """
+    if start != state.range_start or not body.startswith(state.overlap):
+        return None
+    new = body[len(state.overlap) :]
+    end = new.rfind(_ENTRY_END)
+    if end < 0:  # nothing complete was appended
+        return state.header + new, state
+    consumed = end + len(_ENTRY_END)
+    joined = state.overlap + new[:consumed]
+    offset = state.offset + consumed
+    return state.header + new, TailState(
+        header=state.header, offset=offset, overlap=joined[-OVERLAP:]
+    )

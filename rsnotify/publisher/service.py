@@ -1,0 +1,464 @@
+"""The publisher process: discovery, watchers, sequencing, log, transports, metrics.
+
+Order of operations for every new entry (design.md section 3):
+
+1. a watcher detects it, with the checkpoint just after it;
+2. the service gives it the next sequence number and appends it to the log
+   together with that checkpoint, atomically (a batch at a time);
+3. transports (MQTT, WebSocket) tail the log and push it.
+
+A crash anywhere re-detects from the last committed checkpoint, which is
+exactly after the last logged entry, so an entry gets one sequence number
+forever; a transport that had not pushed it yet pushes it from the log.
+Everything that can fail transiently (the Source, Redis, the broker) is
+retried with backoff and jitter; nothing here exits on a network error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .. import discovery, w3cdt
+from ..backoff import Backoff
+from ..collection import collection_id
+from ..envelope import Notification, to_json
+from ..errors import DocumentError, FetchError, RsNotifyError
+from ..fetch import Fetcher
+from ..log import LogConflict, LogUnavailable, NotificationLog, Retention, open_log
+from ..metrics import PublisherMetrics, metrics_app, serve
+from ..model import Capability
+from ..outbound import Signer
+from ..tracker import Checkpoint, Detection
+from .access import DirectoryAccess, DocumentAccess, HttpAccess
+from .watcher import CollectionWatcher
+
+log = logging.getLogger("rsnotify.publish")
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class PublisherConfig:
+    """Everything ``rsnotify publish`` can be told (see its --help)."""
+
+    source: str
+    redis: str | None = None
+    state_dir: str = ".rsnotify"
+    mqtt: str | None = None
+    ws: str | None = None  # HOST:PORT
+    ws_only: bool = False
+    poll: float = 1.0
+    watch: bool = False
+    topic_prefix: str = "resourcesync"
+    heartbeat: float = 5.0
+    retention: Retention = field(default_factory=Retention)
+    fmt: str = "json"
+    secret: bytes | None = None
+    secret_id: str = "k1"
+    ws_token: str | None = None
+    from_beginning: bool = False
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    batch: int = 1000
+    collections: Sequence[str] = ()  # Capability List URLs or ids to publish (empty: all)
+    publisher_id: str = field(default_factory=lambda: f"{os.uname().nodename}:{os.getpid()}")
+    mqtt_tls_ca: str | None = None
+    mqtt_tls_insecure: bool = False
+
+
+@dataclass(slots=True)
+class _Collection:
+    id: str
+    capability_list: str
+    watcher: CollectionWatcher
+    head: int = 0
+    trigger: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Publisher:
+    """Runs one publisher until :meth:`stop` (or SIGTERM via :func:`run`)."""
+
+    def __init__(self, config: PublisherConfig) -> None:
+        self.config = config
+        self.metrics = PublisherMetrics()
+        self.log: NotificationLog | None = None
+        self.collections: dict[str, _Collection] = {}
+        self.signer = Signer(config.secret_id, config.secret) if config.secret else None
+        self._fetcher: Fetcher | None = None
+        self._access: DocumentAccess | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._mqtt = None
+        self._ws = None
+        self._metrics_runner = None
+        self.metrics_port: int | None = None
+        self.ws_port: int | None = None
+        self._observer = None
+        self._healthy = True
+
+    # -- set-up ------------------------------------------------------------------
+
+    def _is_directory(self) -> bool:
+        source = self.config.source
+        return not source.startswith(("http://", "https://")) and Path(source).is_dir()
+
+    async def _discover(self) -> discovery.SourceInfo:
+        """Find the Capability Lists, over HTTP or in the Source's directory."""
+        if self._is_directory():
+            access = self._access
+            assert access is not None
+            machine = discovery.DiscoveryMachine("http://localhost/.well-known/resourcesync")
+            while (request := machine.next_request()) is not None:
+                try:
+                    fetched = await access.read(request.url)
+                except FetchError as exc:
+                    machine.fail(request, str(exc))
+                    continue
+                machine.receive(request, final_url=request.url, headers={}, body=fetched.body)
+            return machine.result()
+        assert self._fetcher is not None
+        return await discovery.discover(self.config.source, self._fetcher)
+
+    async def _setup_collections(self) -> None:
+        backoff = Backoff(maximum=10.0)
+        while True:
+            try:
+                info = await self._discover()
+                break
+            except (FetchError, RsNotifyError) as exc:
+                if self._stopping.is_set():
+                    raise
+                delay = backoff.next()
+                log.warning(
+                    "discovery of %s failed (%s); retrying in %.1fs", self.config.source, exc, delay
+                )
+                await self._sleep(delay)
+        assert self.log is not None
+        wanted = set(self.config.collections)
+        for cap in info.capability_lists:
+            changelist = cap.capabilities.get(Capability.CHANGELIST)
+            cid = collection_id(cap.url)
+            if wanted and cap.url not in wanted and cid not in wanted:
+                continue
+            if changelist is None:
+                log.warning("%s offers no Change List; not published", cap.url)
+                continue
+            await self._retry(self.log.register, cid, cap.url)
+            checkpoint = Checkpoint.from_json(await self._retry(self.log.checkpoint, cid))
+            head = await self._retry(self.log.head, cid)
+            assert self._access is not None
+            watcher = CollectionWatcher(
+                access=self._access,
+                collection=cid,
+                capability_list=cap.url,
+                changelist_url=changelist,
+                checkpoint=checkpoint,
+                from_beginning=self.config.from_beginning,
+            )
+            self.collections[cid] = _Collection(cid, cap.url, watcher, head=head)
+            self.metrics.head.labels(cid).set(head)
+            log.info(
+                "watching %s (collection %s, head %d)",
+                cap.url,
+                cid,
+                head,
+                extra={"collection": cid, "seq": head},
+            )
+        if not self.collections:
+            raise RsNotifyError(
+                f"{self.config.source}: no Capability List with a Change List to publish"
+            )
+
+    async def start(self) -> None:
+        """Open the log, discover the Source, start watchers, transports and metrics."""
+        config = self.config
+        self.log = open_log(config.redis, config.state_dir)
+        self._fetcher = Fetcher()
+        self._access = (
+            DirectoryAccess(config.source) if self._is_directory() else HttpAccess(self._fetcher)
+        )
+        if config.metrics_port is not None:
+            self._metrics_runner, self.metrics_port = await serve(
+                metrics_app(self.metrics.registry, lambda: self._healthy),
+                config.metrics_host,
+                config.metrics_port,
+            )
+        if not config.ws_only:
+            await self._setup_collections()
+        await self._start_transports()
+        if not config.ws_only:
+            for collection in self.collections.values():
+                self._tasks.append(asyncio.create_task(self._watch(collection)))
+            self._tasks.append(asyncio.create_task(self._maintain()))
+            if config.watch:
+                self._start_fs_watch()
+
+    async def _start_transports(self) -> None:
+        config = self.config
+        assert self.log is not None
+        if config.mqtt and not config.ws_only:
+            from ..transport.mqtt import MqttPusher
+
+            self._mqtt = MqttPusher(
+                config.mqtt,
+                self.log,
+                topic_prefix=config.topic_prefix,
+                fmt=config.fmt,
+                signer=self.signer,
+                heartbeat=config.heartbeat,
+                tls_ca=config.mqtt_tls_ca,
+                tls_insecure=config.mqtt_tls_insecure,
+                on_published=self._on_mqtt_published,
+            )
+            for collection in self.collections:
+                self._mqtt.add_collection(collection)
+            self._tasks.append(asyncio.create_task(self._mqtt.run()))
+        if config.ws:
+            from ..transport.ws import WebSocketGateway
+
+            host, _, port = config.ws.rpartition(":")
+            self._ws = WebSocketGateway(
+                self.log,
+                host=host or "127.0.0.1",
+                port=int(port),
+                fmt=config.fmt,
+                signer=self.signer,
+                token=config.ws_token,
+                heartbeat=config.heartbeat,
+                server_id=config.publisher_id,
+                on_client_change=self.metrics.ws_clients.set,
+            )
+            await self._ws.start()
+            self.ws_port = self._ws.port
+
+    def _on_mqtt_published(self, collection: str, seq: int, size: int, latency: float) -> None:
+        self.metrics.published.labels(collection, "mqtt").inc()
+        self.metrics.publish_latency.labels(collection, "mqtt").observe(latency)
+
+    def _start_fs_watch(self) -> None:
+        """Poll a collection as soon as a file in the Source directory changes."""
+        if not self._is_directory():
+            log.warning(
+                "--watch needs a local directory as SOURCE; polling every %.1fs instead",
+                self.config.poll,
+            )
+            return
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        loop = asyncio.get_running_loop()
+        collections = list(self.collections.values())
+
+        class Handler(FileSystemEventHandler):
+            # Runs on watchdog's thread: only hand the event to the loop.
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                path = str(getattr(event, "dest_path", "") or event.src_path)
+                if path.endswith(".xml"):
+                    for collection in collections:
+                        loop.call_soon_threadsafe(collection.trigger.set)
+
+        observer = Observer()
+        observer.schedule(Handler(), self.config.source, recursive=True)
+        observer.daemon = True
+        observer.start()
+        self._observer = observer
+
+    # -- the loops -----------------------------------------------------------------
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _retry(self, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run a log operation until the log answers (or we are stopping)."""
+        backoff = Backoff()
+        while True:
+            try:
+                return await operation(*args)
+            except LogUnavailable as exc:
+                if self._stopping.is_set():
+                    raise
+                delay = backoff.next()
+                log.warning("log unavailable (%s); retrying in %.1fs", exc, delay)
+                await self._sleep(delay)
+
+    async def _wait_trigger(self, collection: _Collection) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(collection.trigger.wait(), self.config.poll)
+        collection.trigger.clear()
+
+    async def _watch(self, collection: _Collection) -> None:
+        watcher = collection.watcher
+        backoff = Backoff()
+        while not self._stopping.is_set():
+            try:
+                result = await watcher.poll()
+                detected = w3cdt.now()
+                self.metrics.bytes_read.labels(collection.id).inc(result.bytes_read)
+                for found in result.detections:
+                    await self._log_detection(collection, found, detected)
+                if result.checkpoint != watcher.checkpoint:
+                    await self._commit_checkpoint(collection, result.checkpoint)
+                backoff.reset()
+                self._healthy = True
+            except asyncio.CancelledError:
+                raise
+            except LogConflict as exc:
+                log.warning(
+                    "%s; reloading the checkpoint", exc, extra={"collection": collection.id}
+                )
+                await self._reload(collection)
+                continue
+            except (FetchError, DocumentError, LogUnavailable) as exc:
+                self.metrics.poll_errors.labels(collection.id).inc()
+                # What was read but not logged must be read again: forget cached tails.
+                watcher.reset(watcher.checkpoint)
+                delay = backoff.next()
+                log.warning(
+                    "%s: %s; retrying in %.1fs",
+                    collection.id,
+                    exc,
+                    delay,
+                    extra={"collection": collection.id},
+                )
+                self._healthy = backoff.attempts < 5
+                await self._sleep(delay)
+                continue
+            await self._wait_trigger(collection)
+
+    async def _reload(self, collection: _Collection) -> None:
+        assert self.log is not None
+        checkpoint = Checkpoint.from_json(await self.log.checkpoint(collection.id))
+        collection.head = await self.log.head(collection.id)
+        collection.watcher.reset(checkpoint)
+
+    async def _commit_checkpoint(self, collection: _Collection, checkpoint: Checkpoint) -> None:
+        assert self.log is not None
+        collection.head = await self.log.append(
+            collection.id, [], expected_head=collection.head, checkpoint=checkpoint.to_json()
+        )
+        collection.watcher.commit(checkpoint)
+
+    async def _log_detection(
+        self, collection: _Collection, found: Detection, detected: datetime
+    ) -> None:
+        """Sequence and log one list's new entries, a batch at a time, each with its checkpoint."""
+        assert self.log is not None
+        watcher = collection.watcher
+        batch = max(1, self.config.batch)
+        for start in range(0, len(found.entries), batch):
+            entries = found.entries[start : start + batch]
+            checkpoint = found.checkpoints[start + len(entries) - 1]
+            head = collection.head
+            payloads = [
+                to_json(
+                    Notification.from_entry(
+                        entry,
+                        collection=collection.id,
+                        seq=head + i,
+                        capabilitylist=collection.capability_list,
+                        changelist=found.changelist,
+                        detected=detected,
+                    )
+                )
+                for i, entry in enumerate(entries, start=1)
+            ]
+            collection.head = await self.log.append(
+                collection.id,
+                payloads,
+                expected_head=head,
+                checkpoint=checkpoint.to_json(),
+                max_len=self.config.retention.max_len,
+            )
+            watcher.commit(checkpoint)
+            self.metrics.detected.labels(collection.id).inc(len(entries))
+            self.metrics.head.labels(collection.id).set(collection.head)
+            now = time.time()
+            lag = self.metrics.detection_lag.labels(collection.id)
+            for entry in entries:
+                if entry.change_time is not None:
+                    lag.observe(max(0.0, now - entry.change_time.timestamp()))
+            log.debug(
+                "logged %d entries of %s up to seq %d",
+                len(entries),
+                found.changelist,
+                collection.head,
+                extra={"collection": collection.id, "seq": collection.head},
+            )
+
+    async def _maintain(self) -> None:
+        """Apply age retention and refresh gauges once a minute."""
+        assert self.log is not None
+        while not self._stopping.is_set():
+            for collection in list(self.collections.values()):
+                with contextlib.suppress(LogUnavailable):
+                    earliest = await self.log.trim(
+                        collection.id, self.config.retention, int(time.time() * 1000)
+                    )
+                    self.metrics.earliest.labels(collection.id).set(earliest)
+            await self._sleep(60.0)
+
+    # -- shutdown -------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Stop detecting, let transports drain, close everything (SIGTERM path)."""
+        self._stopping.set()
+        if self._observer is not None:
+            self._observer.stop()
+        for task in self._tasks:
+            if task.get_coro().__name__ in ("_watch", "_maintain"):  # type: ignore[union-attr]
+                task.cancel()
+        if self._mqtt is not None:
+            with contextlib.suppress(Exception):
+                await self._mqtt.stop()
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await self._ws.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+        if self._fetcher is not None:
+            await self._fetcher.close()
+        if self.log is not None:
+            await self.log.close()
+
+    async def wait(self) -> None:
+        await self._stopping.wait()
+
+
+async def run(config: PublisherConfig, *, ready: asyncio.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT; print where it listens; return the exit code."""
+    publisher = Publisher(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, publisher._stopping.set)
+    try:
+        await publisher.start()
+    except RsNotifyError as exc:
+        log.error("cannot start: %s", exc)
+        await publisher.stop()
+        return 1
+    parts = [f"{len(publisher.collections)} collection(s)"]
+    if publisher.ws_port is not None:
+        parts.append(f"ws://{config.ws.rpartition(':')[0] or '127.0.0.1'}:{publisher.ws_port}/")  # type: ignore[union-attr]
+    if publisher.metrics_port is not None:
+        parts.append(f"metrics http://{config.metrics_host}:{publisher.metrics_port}/metrics")
+    print(f"rsnotify publish: running: {'; '.join(parts)}", flush=True)
+    for cid, collection in publisher.collections.items():
+        print(f"rsnotify publish: collection {cid} {collection.capability_list}", flush=True)
+    if ready is not None:
+        ready.set()
+    await publisher.wait()
+    await publisher.stop()
+    return 0
