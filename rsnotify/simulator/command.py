@@ -1,0 +1,230 @@
+"""``rsnotify simulate``: serve a changing ResourceSync Source over HTTP.
+
+On start the command prints exactly one line to stdout,
+``rsnotify simulate: serving http://HOST:PORT/``, and flushes it, so scripts
+and tests can wait for it (with ``--port 0`` it names the port picked).  On a
+terminal a one-line live status follows on stderr; when stderr is not a TTY
+the command says nothing more.  SIGINT / SIGTERM stop it cleanly (the
+``--dir`` copy is brought up to date first) with exit status 0; a bad option
+exits with status 2 and a one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from pathlib import Path
+
+from .server import Simulator, SimulatorConfig
+from .site import RESOURCE_LIST_LIMIT
+from .source import DEFAULT_CHANGELIST_SIZE, SimulatorError, Weights
+
+NAME = "simulate"
+HELP = "Serve a changing ResourceSync Source over HTTP (for demos, tests and benchmarks)."
+
+_STATUS_INTERVAL = 0.5
+
+
+def _weights(text: str) -> Weights:
+    try:
+        return Weights.parse(text)
+    except SimulatorError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _pos_int(text: str) -> int:
+    value = _nonneg_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    net = parser.add_argument_group("serving")
+    net.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    net.add_argument(
+        "--port", type=_nonneg_int, default=0, help="port; 0 picks a free one (default)"
+    )
+    net.add_argument(
+        "--base-url",
+        help="URL prefix written into the documents (default http://HOST:PORT/); set it when "
+        "another server serves the --dir copy",
+    )
+    net.add_argument(
+        "--dir",
+        type=Path,
+        help="also write every document and resource under this directory, for a static server",
+    )
+    shape = parser.add_argument_group("the Source")
+    shape.add_argument(
+        "--collections",
+        type=_pos_int,
+        default=1,
+        help="collections, one Capability List each (default: %(default)s)",
+    )
+    shape.add_argument(
+        "--resources",
+        type=_nonneg_int,
+        default=100,
+        help="initial resources per collection (default: %(default)s)",
+    )
+    shape.add_argument(
+        "--payload-bytes",
+        type=_nonneg_int,
+        default=1024,
+        help="mean resource size in bytes (default: %(default)s)",
+    )
+    shape.add_argument(
+        "--changelist-size",
+        type=_pos_int,
+        default=DEFAULT_CHANGELIST_SIZE,
+        help="entries after which the open Change List is closed and a new one opened "
+        "(default: %(default)s)",
+    )
+    shape.add_argument(
+        "--resourcelist-size",
+        type=_pos_int,
+        default=RESOURCE_LIST_LIMIT,
+        help="entries per Resource List before it becomes an index with parts "
+        "(default: %(default)s)",
+    )
+    shape.add_argument(
+        "--hub",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="advertise a push channel in every Capability List as rs:ln rel=hub "
+        "({collection} is replaced by c1, c2...); repeatable",
+    )
+    shape.add_argument(
+        "--spec-version",
+        choices=("1.0", "1.1"),
+        default="1.1",
+        help="1.1 writes rs:md datetime and <lastmod>; 1.0 only <lastmod> (default: %(default)s)",
+    )
+    changes = parser.add_argument_group("changes")
+    changes.add_argument(
+        "--rate",
+        type=_rate,
+        default=10.0,
+        help="changes per second across all collections, 0 for none (default: %(default)s)",
+    )
+    changes.add_argument(
+        "--max-changes",
+        type=_nonneg_int,
+        default=None,
+        help="stop changing after this many changes, but keep serving",
+    )
+    changes.add_argument(
+        "--weights",
+        type=_weights,
+        default="created=1,updated=3,deleted=1",
+        help="relative frequency of each kind of change (default: %(default)s)",
+    )
+    changes.add_argument(
+        "--resurrect",
+        type=float,
+        default=0.25,
+        help="probability that a creation re-creates a deleted URI (default: %(default)s)",
+    )
+    changes.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="random seed for a repeatable run (default: a random one, shown in /_simulator/stats)",
+    )
+    changes.add_argument(
+        "--paused",
+        action="store_true",
+        help="start with the generator paused (POST /_simulator/resume to start it)",
+    )
+    changes.add_argument(
+        "--tick",
+        type=float,
+        default=0.01,
+        help="seconds between generator batches (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no live status line even on a terminal"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
+    return SimulatorConfig(
+        host=args.host,
+        port=args.port,
+        base_url=args.base_url,
+        collections=args.collections,
+        resources=args.resources,
+        rate=args.rate,
+        changelist_size=args.changelist_size,
+        resourcelist_size=args.resourcelist_size,
+        max_changes=args.max_changes,
+        payload_bytes=args.payload_bytes,
+        seed=args.seed,
+        spec_version=args.spec_version,
+        dir=args.dir,
+        weights=args.weights,
+        resurrect=args.resurrect,
+        hubs=tuple(args.hub),
+        paused=args.paused,
+        tick=args.tick,
+    )
+
+
+async def _main(config: SimulatorConfig, quiet: bool) -> int:
+    simulator = Simulator(config)
+    await simulator.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    print(f"rsnotify simulate: serving {simulator.url}", flush=True)
+    live = not quiet and sys.stderr.isatty()
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _STATUS_INTERVAL)
+            if live:
+                sys.stderr.write("\r\x1b[2K" + simulator.status_line())
+                sys.stderr.flush()
+    finally:
+        if live:
+            sys.stderr.write("\n")
+        await simulator.stop()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+        return asyncio.run(_main(config, args.quiet))
+    except SimulatorError as exc:
+        print(f"rsnotify simulate: error: {exc}", file=sys.stderr)
+        return 2

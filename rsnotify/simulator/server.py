@@ -1,0 +1,460 @@
+"""The simulator's HTTP face: an aiohttp application plus the change generator.
+
+Everything a Destination sees is served from :class:`~rsnotify.simulator.site.Site`
+with ``ETag``, ``Last-Modified``, ``Content-Length``, ``Content-Type`` and
+``Cache-Control: no-cache``; a conditional GET (``If-None-Match`` or
+``If-Modified-Since``) that matches gets ``304``; resources carry
+``Link: <capability list>; rel="resourcesync"``; ``HEAD`` works everywhere.
+aiohttp provides keep-alive and concurrency.
+
+Changes
+-------
+One code path makes changes: :meth:`Simulator.apply`.  The rate-driven
+generator calls it once per tick (10 ms by default) with however many changes
+are due by then (``rate * elapsed - made``), so high rates become batches per
+event-loop tick, not one timer per change, and a loop delayed by request load
+catches up on its next tick instead of falling behind.  A backlog larger than
+one second's worth is dropped rather than burst out.  The control endpoint
+``POST /_simulator/advance?n=N`` calls the same method, which is how tests
+drive the Source deterministically without waiting on a clock.
+
+Control and ground truth (JSON)
+-------------------------------
+``GET /_simulator/state``
+    ``{"collections": {<capability list URI>: {"resources": {<loc>: <sha-256>},
+    "changes": N, "last_change": <datetime>|null}}}`` -- the live state at that
+    instant (the event loop is single-threaded, so it is always consistent
+    with the documents served at the same instant).
+``GET /_simulator/stats``
+    Counters: changes (total and by kind), rates, requests by status, bytes,
+    open Change Lists, seed, configuration.
+``POST /_simulator/pause`` / ``POST /_simulator/resume``
+    Freeze / unfreeze the rate-driven generator.  ``advance`` still works
+    while paused: pausing freezes the clock-driven changes, not the tests'
+    explicit ones.
+``POST /_simulator/advance?n=N``
+    Apply N changes now (bounded by ``--max-changes``) and answer
+    ``{"applied": k, "changes": total}``.
+
+Control requests that change state (pause, advance) return only after the
+``--dir`` copy, if any, has caught up, so a test can compare it right away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .diskwriter import DiskWriter
+from .site import RESOURCE_LIST_LIMIT, Site
+from .source import (
+    DEFAULT_CHANGELIST_SIZE,
+    SPEC_VERSIONS,
+    Layout,
+    SimulatorError,
+    Source,
+    Weights,
+)
+
+MAX_ADVANCE = 10_000_000
+_ADVANCE_CHUNK = 2000  # changes per slice, so /advance never blocks serving for long
+
+
+@dataclass(slots=True)
+class SimulatorConfig:
+    """Every option of ``rsnotify simulate`` (see the command's ``--help``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    base_url: str | None = None
+    collections: int = 1
+    resources: int = 100
+    rate: float = 10.0
+    changelist_size: int = DEFAULT_CHANGELIST_SIZE
+    resourcelist_size: int = RESOURCE_LIST_LIMIT
+    max_changes: int | None = None
+    payload_bytes: int = 1024
+    seed: int | None = None
+    spec_version: str = "1.1"
+    dir: Path | None = None
+    weights: Weights = field(default_factory=Weights)
+    resurrect: float = 0.25
+    hubs: tuple[str, ...] = ()
+    paused: bool = False
+    tick: float = 0.01
+    resourcelist_max_age: float = 1.0
+    flush_interval: float = 0.5
+
+    def validate(self) -> None:
+        """Raise :class:`SimulatorError` for any value the simulator cannot honour."""
+        if not 0 <= self.port <= 65535:
+            raise SimulatorError(f"port must be 0..65535, got {self.port}")
+        if not (self.rate >= 0 and self.rate != float("inf")):
+            raise SimulatorError(f"rate must be a finite number >= 0, got {self.rate}")
+        if not 0.001 <= self.tick <= 1.0:
+            raise SimulatorError(f"tick must be 0.001..1 s, got {self.tick}")
+        if self.spec_version not in SPEC_VERSIONS:
+            raise SimulatorError(f"spec version must be 1.0 or 1.1, got {self.spec_version!r}")
+        if self.resourcelist_max_age < 0 or self.flush_interval <= 0:
+            raise SimulatorError("resource list max age must be >= 0 and flush interval > 0")
+
+
+@dataclass(slots=True)
+class _Counters:
+    requests: int = 0
+    bytes_sent: int = 0
+    by_status: dict[int, int] = field(default_factory=dict)
+    batches: int = 0
+    ticks: int = 0  # generator wake-ups, so tests can see time pass without sleeping
+    dropped: int = 0  # changes skipped because the loop fell more than 1 s behind
+
+
+def _format_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+class Simulator:
+    """A running simulated Source: Site + generator + HTTP server (+ disk writer).
+
+    Use ``async with Simulator(config) as sim:`` (or :meth:`start` /
+    :meth:`stop`).  Once started, :attr:`url` is where it listens and
+    :attr:`base_url` the prefix of the URLs in its documents (the same unless
+    ``base_url`` was configured; the server answers on the path part either way).
+    """
+
+    def __init__(self, config: SimulatorConfig) -> None:
+        config.validate()
+        self.config = config
+        seed = config.seed
+        self.seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
+        self.site: Site | None = None
+        self.writer: DiskWriter | None = None
+        self.paused = config.paused
+        self.counters = _Counters()
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._rate_samples: deque[tuple[float, int]] = deque(maxlen=64)
+        self._started_mono = 0.0
+        self.url = ""  # where it listens: http://HOST:PORT/ (control endpoints live here)
+        self.base_url = ""  # the URL prefix written into documents (--base-url, else url)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> str:
+        """Bind, build the Source, start serving and generating; returns the base URL."""
+        config = self.config
+        sock = self._bind()
+        try:
+            port = sock.getsockname()[1]
+            listening = f"http://{_format_host(config.host)}:{port}/"
+            layout = Layout(config.base_url or listening)
+            source = Source(
+                layout=layout,
+                start=datetime.now(UTC),
+                collections=config.collections,
+                resources=config.resources,
+                changelist_size=config.changelist_size,
+                payload_bytes=config.payload_bytes,
+                seed=self.seed,
+                weights=config.weights,
+                spec_version=config.spec_version,
+                max_changes=config.max_changes,
+                resurrect=config.resurrect,
+                hubs=config.hubs,
+            )
+            self.site = Site(source, resourcelist_size=config.resourcelist_size)
+            if config.dir is not None:
+                self.writer = DiskWriter(config.dir, self.site)
+                self.writer.prepare()
+                await self.writer.flush(datetime.now(UTC))
+            self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+            await self._runner.setup()
+            await web.SockSite(self._runner, sock).start()
+        except BaseException:
+            sock.close()
+            if self._runner is not None:
+                await self._runner.cleanup()
+            raise
+        self.url = listening
+        self.base_url = layout.base_url
+        self._started_mono = time.monotonic()
+        self._tasks.append(asyncio.create_task(self._generate(), name="simulator-generator"))
+        if self.writer is not None:
+            self._tasks.append(asyncio.create_task(self._flush_loop(), name="simulator-flush"))
+        return self.url
+
+    def _bind(self) -> socket.socket:
+        config = self.config
+        try:
+            family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+            sock = socket.create_server((config.host.strip("[]"), config.port), family=family)
+        except OSError as exc:
+            raise SimulatorError(
+                f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+            ) from None
+        sock.setblocking(False)
+        return sock
+
+    async def stop(self) -> None:
+        """Stop generating, write the last changes to ``--dir``, close the server."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.writer is not None:
+            await self.writer.flush(datetime.now(UTC))
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> Simulator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- changing --------------------------------------------------------------------
+
+    @property
+    def source(self) -> Source:
+        assert self.site is not None, "simulator not started"
+        return self.site.source
+
+    def apply(self, n: int) -> int:
+        """Make up to ``n`` changes now: the single path for generator and /advance."""
+        assert self.site is not None, "simulator not started"
+        applied = self.site.apply(n, datetime.now(UTC))
+        if applied:
+            self.counters.batches += 1
+            if self.writer is not None:
+                self.writer.note(applied)
+        return len(applied)
+
+    @property
+    def finished(self) -> bool:
+        return self.source.remaining == 0
+
+    async def _generate(self) -> None:
+        rate = self.config.rate
+        tick = self.config.tick
+        loop = asyncio.get_running_loop()
+        anchor, made = loop.time(), 0
+        while True:
+            self._sample()
+            await asyncio.sleep(tick)
+            self.counters.ticks += 1
+            if rate <= 0 or self.paused or self.finished:
+                anchor, made = loop.time(), 0
+                continue
+            due = int((loop.time() - anchor) * rate) - made
+            if due > rate:  # more than a second behind: drop the backlog, keep the pace
+                self.counters.dropped += due - int(rate * tick + 1)
+                anchor, made = loop.time() - tick, 0
+                due = int(rate * tick + 1)
+            if due > 0:
+                self.apply(due)
+                made += due
+
+    def _sample(self) -> None:
+        now = time.monotonic()
+        samples = self._rate_samples
+        if not samples or now - samples[-1][0] >= 0.25:
+            samples.append((now, self.source.total_changes))
+
+    def recent_rate(self) -> float:
+        """Changes per second over the last few seconds."""
+        samples = self._rate_samples
+        if len(samples) < 2:
+            return 0.0
+        now = time.monotonic()
+        old = next((s for s in samples if now - s[0] <= 5.0), samples[0])
+        span = now - old[0]
+        return (self.source.total_changes - old[1]) / span if span > 0 else 0.0
+
+    async def _flush_loop(self) -> None:
+        assert self.writer is not None
+        while True:
+            await asyncio.sleep(self.config.flush_interval)
+            if self.writer.pending:
+                await self.writer.flush(datetime.now(UTC), self._resourcelist_max_age())
+
+    def _resourcelist_max_age(self) -> float:
+        """Stale Resource Lists only while the generator is changing things."""
+        if self.paused or self.config.rate <= 0 or self.finished:
+            return 0.0
+        return self.config.resourcelist_max_age
+
+    async def _settle(self) -> None:
+        if self.writer is not None:
+            await self.writer.flush(datetime.now(UTC), self._resourcelist_max_age())
+
+    # -- HTTP ------------------------------------------------------------------------
+
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/_simulator/state", self._state)
+        app.router.add_get("/_simulator/stats", self._stats)
+        app.router.add_post("/_simulator/pause", self._pause)
+        app.router.add_post("/_simulator/resume", self._resume)
+        app.router.add_post("/_simulator/advance", self._advance)
+        app.router.add_get("/{path:.*}", self._serve)
+        return app
+
+    def _count(self, status: int, size: int) -> None:
+        counters = self.counters
+        counters.requests += 1
+        counters.bytes_sent += size
+        counters.by_status[status] = counters.by_status.get(status, 0) + 1
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        assert self.site is not None
+        rep = self.site.lookup(
+            request.path,
+            datetime.now(UTC),
+            resourcelist_max_age=self._resourcelist_max_age(),
+        )
+        if rep is None:
+            self._count(404, 0)
+            return web.Response(status=404, text="404: not found\n")
+        headers = {
+            "ETag": rep.etag,
+            "Last-Modified": rep.last_modified,
+            "Cache-Control": "no-cache",
+        }
+        if rep.link:
+            headers["Link"] = rep.link
+        if rep.not_modified(request.headers.get("If-None-Match"), request.if_modified_since):
+            self._count(304, 0)
+            return web.Response(status=304, headers=headers)
+        headers["Content-Type"] = rep.content_type
+        headers["Accept-Ranges"] = "bytes"
+        if "Range" in request.headers and request.method == "GET":
+            ranged = self._ranged(request, rep.body, headers)
+            if ranged is not None:
+                return ranged
+        self._count(200, 0 if request.method == "HEAD" else len(rep.body))
+        return web.Response(body=rep.body, headers=headers)
+
+    def _ranged(
+        self, request: web.Request, body: bytes, headers: dict[str, str]
+    ) -> web.Response | None:
+        """Answer ``Range: bytes=N-`` (how a publisher reads only what was appended).
+
+        Only single ranges are served; anything else gets the whole body, which
+        RFC 9110 allows.  A start past the end is 416, so a client can tell a
+        shrunken document from an unchanged one.
+        """
+        try:
+            wanted = request.http_range
+        except ValueError:
+            return None
+        if wanted.step not in (None, 1):
+            return None
+        start = wanted.start or 0
+        stop = len(body) if wanted.stop is None else min(wanted.stop, len(body))
+        if start < 0:  # suffix range: the last -start bytes
+            start = max(0, len(body) + start)
+        if start >= len(body) > 0:
+            self._count(416, 0)
+            headers["Content-Range"] = f"bytes */{len(body)}"
+            return web.Response(status=416, headers=headers)
+        part = body[start:stop]
+        headers["Content-Range"] = f"bytes {start}-{start + len(part) - 1}/{len(body)}"
+        self._count(206, len(part))
+        return web.Response(status=206, body=part, headers=headers)
+
+    async def _state(self, request: web.Request) -> web.Response:
+        return web.json_response(self.source.state())
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats())
+
+    def stats(self) -> dict[str, Any]:
+        """The ``/_simulator/stats`` document."""
+        source = self.source
+        layout = source.layout
+        counters = self.counters
+        config = self.config
+        return {
+            "changes": source.total_changes,
+            "by_change": {kind.value: n for kind, n in source.counts.items()},
+            "rate_target": config.rate,
+            "rate_recent": round(self.recent_rate(), 1),
+            "paused": self.paused,
+            "finished": self.finished,
+            "max_changes": config.max_changes,
+            "batches": counters.batches,
+            "generator_ticks": counters.ticks,
+            "dropped_backlog": counters.dropped,
+            "requests": counters.requests,
+            "responses": {str(k): v for k, v in sorted(counters.by_status.items())},
+            "bytes_sent": counters.bytes_sent,
+            "uptime_s": round(time.monotonic() - self._started_mono, 3),
+            "seed": self.seed,
+            "spec_version": config.spec_version,
+            "files_written": self.writer.files_written if self.writer else None,
+            "dir_error": self.writer.error if self.writer else None,
+            "collections": {
+                c.capability_list_url: {
+                    "resources": len(c.live),
+                    "changes": c.changes,
+                    "changelists": len(c.changelists),
+                    "open_changelist": layout.changelist(c.name, c.open_changelist.number),
+                    "open_entries": c.open_changelist.count,
+                }
+                for c in source.collections
+            },
+        }
+
+    def status_line(self) -> str:
+        """One line for a terminal: changes, rate, open Change List fill."""
+        source = self.source
+        first = source.collections[0].open_changelist
+        state = "paused" if self.paused else ("done" if self.finished else "running")
+        return (
+            f"{state} | changes {source.total_changes:,} | {self.recent_rate():,.0f}/s"
+            f" | open list #{first.number} {first.count}/{source.changelist_size}"
+            f" | requests {self.counters.requests:,}"
+        )
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        self.paused = True
+        await self._settle()
+        return web.json_response({"paused": True, "changes": self.source.total_changes})
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        self.paused = False
+        return web.json_response({"paused": False, "changes": self.source.total_changes})
+
+    async def _advance(self, request: web.Request) -> web.Response:
+        raw = request.query.get("n", "1")
+        try:
+            n = int(raw)
+        except ValueError:
+            n = -1
+        if not 0 <= n <= MAX_ADVANCE:
+            return web.json_response(
+                {"error": f"n must be an integer 0..{MAX_ADVANCE}, got {raw!r}"}, status=400
+            )
+        applied = 0
+        while applied < n:
+            made = self.apply(min(_ADVANCE_CHUNK, n - applied))
+            applied += made
+            if made == 0:
+                break  # max_changes reached
+            await asyncio.sleep(0)  # let pending requests through between slices
+        await self._settle()
+        return web.json_response({"applied": applied, "changes": self.source.total_changes})

@@ -1,0 +1,1 @@
+"""``rsnotify subscribe``: keep a local mirror of a ResourceSync Source, push first, poll always."""

@@ -1,0 +1,200 @@
+"""The publisher against the real simulator: every Change List entry logged once, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from rsnotify import sitemap, w3cdt
+from rsnotify.log import NotificationLog
+from rsnotify.log.redis_log import RedisLog
+from rsnotify.log.sqlite_log import SQLiteLog
+from rsnotify.publisher.service import Publisher, PublisherConfig
+from rsnotify.simulator.server import Simulator, SimulatorConfig
+from tests.services import Redis, async_wait_for
+
+
+@asynccontextmanager
+async def simulator(**options: Any) -> AsyncIterator[tuple[Simulator, str]]:
+    options.setdefault("rate", 0)
+    options.setdefault("seed", 7)
+    options.setdefault("resources", 20)
+    sim = Simulator(SimulatorConfig(**options))
+    url = await sim.start()
+    try:
+        yield sim, url
+    finally:
+        await sim.stop()
+
+
+@asynccontextmanager
+async def publisher(**options: Any) -> AsyncIterator[Publisher]:
+    pub = Publisher(PublisherConfig(**options))
+    await pub.start()
+    try:
+        yield pub
+    finally:
+        await pub.stop()
+
+
+async def advance(session: aiohttp.ClientSession, base: str, n: int) -> None:
+    async with session.post(f"{base}_simulator/advance?n={n}") as response:
+        assert response.status == 200, await response.text()
+
+
+async def change_list_entries(
+    session: aiohttp.ClientSession, base: str, c: str, *, advertised: str | None = None
+) -> list[tuple[str, str, str]]:
+    """Every entry of a collection's Change Lists, in order, read the way a Destination would.
+
+    ``advertised`` is the base URL written into the documents when it is not
+    the simulator's own (``--base-url``): links are mapped back onto ``base``.
+    """
+    async with session.get(f"{base}{c}/changelist.xml") as response:
+        index = sitemap.parse(await response.read())
+    out = []
+    for ref in index.entries:
+        url = ref.loc.replace(advertised, base, 1) if advertised else ref.loc
+        async with session.get(url) as response:
+            for entry in sitemap.parse(await response.read()):
+                out.append((entry.loc, w3cdt.format(entry.change_time), entry.change.value))
+    return out
+
+
+async def logged(log: NotificationLog, collection: str) -> list[dict[str, Any]]:
+    records = []
+    after = 0
+    while batch := await log.read(collection, after, 5000):
+        records.extend(batch)
+        after = batch[-1].seq
+    assert [r.seq for r in records] == list(range(1, len(records) + 1)), "seqs not dense from 1"
+    return [json.loads(r.data) for r in records]
+
+
+async def only_collection(pub: Publisher) -> str:
+    (cid,) = pub.collections
+    return cid
+
+
+async def test_every_entry_is_logged_once_in_change_list_order_across_rollovers(
+    tmp_path: Path,
+) -> None:
+    async with (
+        simulator(changelist_size=40, paused=True) as (sim, base),
+        aiohttp.ClientSession() as http,
+    ):
+        async with publisher(
+            source=base, state_dir=str(tmp_path), poll=0.05, from_beginning=True
+        ) as pub:
+            cid = await only_collection(pub)
+            log = pub.log
+            assert log is not None
+            for burst in range(1, 6):  # several bursts, each crossing rollovers
+                await advance(http, base, 97)
+                await async_wait_for(
+                    lambda n=burst * 97: _head_is(log, cid, n),
+                    timeout=20,
+                    message="publisher did not log every entry",
+                )
+            records = await logged(log, cid)
+        expected = await change_list_entries(http, base, "c1")
+        assert len(expected) == 485
+        assert [(r["loc"], r["datetime"], r["change"]) for r in records] == expected
+        assert all(
+            r["collection"] == cid and r["capabilitylist"].endswith("/c1/capabilitylist.xml")
+            for r in records
+        )
+        # Growing lists were read incrementally: some 206 (partial content) answers.
+        assert sim.stats()["responses"].get("206", 0) > 0
+
+
+async def _head_is(log: NotificationLog, cid: str, n: int) -> bool:
+    head = await log.head(cid)
+    assert head <= n, f"more entries logged ({head}) than exist ({n})"
+    return head == n
+
+
+async def test_a_restarted_publisher_resumes_without_duplicates_or_loss(tmp_path: Path) -> None:
+    async with (
+        simulator(changelist_size=30, paused=True) as (_sim, base),
+        aiohttp.ClientSession() as http,
+    ):
+        async with publisher(
+            source=base, state_dir=str(tmp_path), poll=0.05, from_beginning=True
+        ) as pub:
+            cid = await only_collection(pub)
+            await advance(http, base, 100)
+            await async_wait_for(lambda: _head_is(pub.log, cid, 100), timeout=20)  # type: ignore[arg-type]
+        await advance(http, base, 75)  # while the publisher is down: two rollovers
+        async with publisher(source=base, state_dir=str(tmp_path), poll=0.05) as pub:
+            await async_wait_for(lambda: _head_is(pub.log, cid, 175), timeout=20)  # type: ignore[arg-type]
+            records = await logged(pub.log, cid)  # type: ignore[arg-type]
+        assert [
+            (r["loc"], r["datetime"], r["change"]) for r in records
+        ] == await change_list_entries(http, base, "c1")
+
+
+async def test_by_default_only_changes_after_the_first_start_are_published(tmp_path: Path) -> None:
+    async with (
+        simulator(changelist_size=25, paused=True) as (_sim, base),
+        aiohttp.ClientSession() as http,
+    ):
+        await advance(http, base, 60)  # history before the publisher existed
+        async with publisher(source=base, state_dir=str(tmp_path), poll=0.05) as pub:
+            cid = await only_collection(pub)
+            await async_wait_for(lambda: _checkpoint_started(pub.log, cid), timeout=20)  # type: ignore[arg-type]
+            await advance(http, base, 10)
+            await async_wait_for(lambda: _head_is(pub.log, cid, 10), timeout=20)  # type: ignore[arg-type]
+            records = await logged(pub.log, cid)  # type: ignore[arg-type]
+        history = await change_list_entries(http, base, "c1")
+        assert [(r["loc"], r["datetime"], r["change"]) for r in records] == history[60:]
+
+
+async def _checkpoint_started(log: NotificationLog, cid: str) -> bool:
+    return await log.checkpoint(cid) is not None
+
+
+async def test_a_watched_directory_source_two_collections_and_redis(
+    tmp_path: Path, redis_server: Redis
+) -> None:
+    site = tmp_path / "site"
+    async with (
+        simulator(
+            changelist_size=20, paused=True, collections=2, dir=site, base_url="http://source.test/"
+        ) as (_sim, base),
+        aiohttp.ClientSession() as http,
+        publisher(
+            source=str(site), redis=redis_server.url, poll=30.0, watch=True, from_beginning=True
+        ) as pub,
+    ):
+        assert len(pub.collections) == 2
+        await advance(http, base, 150)  # the simulator writes the directory before answering
+        log = pub.log
+        assert isinstance(log, RedisLog)
+
+        async def all_logged() -> bool:
+            heads = [await log.head(c) for c in pub.collections]
+            return sum(heads) == 150
+
+        # poll=30 s: only file-system notifications can make this pass in time.
+        await async_wait_for(all_logged, timeout=20, message="watch mode did not detect changes")
+        for cid, collection in pub.collections.items():
+            c = collection.capability_list.split("/")[-2]
+            records = await logged(log, cid)
+            assert [(r["loc"], r["datetime"], r["change"]) for r in records] == (
+                await change_list_entries(http, base, c, advertised="http://source.test/")
+            )
+
+
+def test_sqlite_log_is_the_default(tmp_path: Path) -> None:
+    from rsnotify.log import open_log
+
+    log = open_log(None, str(tmp_path / "state"))
+    assert isinstance(log, SQLiteLog)
+    asyncio.run(log.close())
