@@ -75,6 +75,8 @@ class Notification:
     lastmod: datetime | None = None
     detected: datetime | None = None
     published: datetime | None = None
+    # Not on the wire: when this Destination received it (epoch seconds), for latency.
+    received: float | None = field(default=None, compare=False)
 
     @property
     def identity(self) -> tuple[str, datetime, str]:

@@ -1,0 +1,516 @@
+"""Apply changes to the mirror: fetch, verify, write atomically, delete, remember.
+
+The applier is where a notification (or a Change List entry found while
+catching up) becomes bytes on the Destination's disk.  Its guarantees:
+
+* **Idempotent, never backwards.**  Before acting it asks the
+  :class:`~.resources.ResourceStore` for the newest change of the ``loc``
+  already applied.  A change older than that, or the same change again, is
+  :attr:`Outcome.SKIPPED_ALREADY_APPLIED`.  "The same" means an equal datetime
+  and either an equal-or-lower sequence number (when both are known) or the
+  same change type: Sources with one-second clocks do emit
+  ``created`` and ``updated`` of one resource with equal datetimes, and the
+  second must not be dropped.
+* **Per-resource order.**  :meth:`Applier.submit` chains the changes of one
+  ``loc`` so they run strictly in submission order; different resources run
+  concurrently, at most ``concurrency`` transfers (fetch and write, or delete)
+  at a time.  A change waiting out a retry backoff holds no slot.
+* **Nothing unverified replaces anything.**  Bytes are streamed to a temp file
+  and hashed as they arrive; advertised length and hashes are checked before
+  the rename (see :mod:`.mirror`).  A mismatch is retried with backoff and
+  finally reported, the old file untouched.
+* **No SSRF.**  ``loc`` and every ``rel="duplicate"`` mirror must be on an
+  allowed origin; the check happens before any connection and again on every
+  redirect hop (:mod:`rsnotify.fetch`).  A refused ``loc`` is reported, never
+  retried, and nothing at all is fetched for it.
+
+When a fetch keeps failing (hash mismatch, 404) while a *newer* change of the
+same resource is already queued, the failure is expected (the Source has moved
+on since this change) and the change is recorded as
+:attr:`Outcome.SUPERSEDED` without waiting out the retries: catching up after
+a long outage would otherwise spend most of its time in backoff.
+
+Every outcome lands in the apply log.  Local failures (disk full, unwritable
+mirror, broken resource store) are not outcomes: they raise
+:class:`~.mirror.MirrorError` / :class:`~.resources.ResourceStoreError`, since
+retrying the next resource cannot help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from ..backoff import Backoff
+from ..errors import FetchError, RsNotifyError
+from ..fetch import Fetcher, OriginNotAllowed, ResponseTooLarge, check_origin, origin_of
+from ..model import ChangeType, parse_hashes
+from .mirror import FixityMismatch, Mirror, PathConflict, UnsafePath, Written
+from .resources import ResourceState, ResourceStore
+
+__all__ = ["Applier", "Hooks", "InvalidChange", "Outcome"]
+
+log = logging.getLogger("rsnotify.subscribe")
+
+DEFAULT_MAX_RESOURCE_BYTES = 1 << 30
+_RETRYABLE_STATUS = frozenset({408, 425, 429})
+_GONE_STATUS = frozenset({404, 410})
+
+
+class InvalidChange(RsNotifyError):
+    """An object handed to the applier lacks a usable loc, change or datetime."""
+
+
+class Outcome(StrEnum):
+    """What became of one change; the value is what the apply log records."""
+
+    APPLIED = "applied"  # created/updated: fetched, verified, written
+    DELETED = "deleted"  # deleted: file removed (or already absent)
+    RECORDED = "recorded"  # metadata_only: state recorded, nothing fetched
+    SKIPPED_ALREADY_APPLIED = "skipped_already_applied"
+    SUPERSEDED = "superseded"  # failed, but a newer change of the loc is queued
+    REFUSED_ORIGIN = "refused_origin"
+    UNSAFE_PATH = "unsafe_path"
+    PATH_CONFLICT = "path_conflict"
+    HASH_MISMATCH = "hash_mismatch"
+    LENGTH_MISMATCH = "length_mismatch"
+    NOT_FOUND = "not_found"
+    FETCH_FAILED = "fetch_failed"
+
+    @property
+    def done(self) -> bool:
+        """True when nothing is left to do for this change (a cursor may pass it)."""
+        return self in _DONE
+
+
+_DONE = frozenset(
+    {
+        Outcome.APPLIED,
+        Outcome.DELETED,
+        Outcome.RECORDED,
+        Outcome.SKIPPED_ALREADY_APPLIED,
+        Outcome.SUPERSEDED,
+    }
+)
+
+
+@dataclass(slots=True)
+class Hooks:
+    """Optional callables run after a successful apply: ``fn(change, path)``.
+
+    Any object with these attribute names works too (or a mapping of them).
+    Sync and async callables are both accepted; a hook that raises is logged
+    and does not change the outcome.  ``on_failed(change, outcome, detail)``
+    runs for every outcome that is not :attr:`Outcome.done`.  Hooks of one
+    resource run in the order its changes are applied.  With ``metadata_only``
+    the hooks still run (that is how a Destination that fetches elsewhere
+    learns of changes); ``path`` is then where the file would be.
+    """
+
+    on_created: Any = None
+    on_updated: Any = None
+    on_deleted: Any = None
+    on_failed: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """The fields the applier needs, read once from whatever object was given."""
+
+    loc: str
+    change: ChangeType
+    datetime: datetime
+    seq: int | None
+    hashes: dict[str, str]
+    length: int | None
+    duplicates: tuple[str, ...]
+
+
+def _read_change(obj: Any) -> _Change:
+    loc = getattr(obj, "loc", None)
+    if not isinstance(loc, str) or not loc:
+        raise InvalidChange(f"change without a loc: {obj!r:.200}")
+    try:
+        kind = ChangeType(getattr(obj, "change", None))
+    except ValueError:
+        raise InvalidChange(f"{loc}: change is not created, updated or deleted") from None
+    when = getattr(obj, "change_time", None)  # model.Entry: rs:md datetime, else lastmod
+    if when is None:
+        when = getattr(obj, "datetime", None)
+    if not isinstance(when, datetime) or when.tzinfo is None:
+        raise InvalidChange(f"{loc}: change without an aware datetime")
+    seq = getattr(obj, "seq", None)
+    length = getattr(obj, "length", None)
+    if length is not None and (not isinstance(length, int) or length < 0):
+        raise InvalidChange(f"{loc}: invalid length {length!r}")
+    duplicates: list[tuple[int, str]] = []
+    for link in getattr(obj, "links", None) or ():
+        if isinstance(link, Mapping):
+            rel, href, pri = link.get("rel"), link.get("href"), link.get("pri")
+        else:
+            rel, href, pri = (getattr(link, n, None) for n in ("rel", "href", "pri"))
+        if rel == "duplicate" and isinstance(href, str) and href:
+            duplicates.append((pri if isinstance(pri, int) else 999_999, href))
+    duplicates.sort(key=lambda item: item[0])  # stable: document order among equals
+    return _Change(
+        loc=loc,
+        change=kind,
+        datetime=when,
+        seq=seq if isinstance(seq, int) else None,
+        hashes=parse_hashes(getattr(obj, "hash", None)),
+        length=length,
+        duplicates=tuple(href for _, href in duplicates),
+    )
+
+
+def _already_applied(state: ResourceState | None, change: _Change) -> bool:
+    if state is None or state.datetime < change.datetime:
+        return False
+    if state.datetime > change.datetime:
+        return True
+    if state.seq is not None and change.seq is not None:
+        return state.seq >= change.seq
+    return state.change == change.change
+
+
+@dataclass(slots=True)
+class _Failure:
+    outcome: Outcome
+    retryable: bool
+    detail: str
+
+
+def _path_failure(exc: UnsafePath | PathConflict) -> _Failure:
+    outcome = Outcome.PATH_CONFLICT if isinstance(exc, PathConflict) else Outcome.UNSAFE_PATH
+    return _Failure(outcome, False, str(exc))
+
+
+class Applier:
+    """Applies changes to a :class:`~.mirror.Mirror`, remembering them in a ResourceStore.
+
+    ``allowed_origins`` (origins or URLs on them) limits every fetch; ``None``
+    means unrestricted and should only be used when the caller has already
+    vetted the changes.  ``retries`` bounds the retries after the first
+    attempt for fixity failures and transient errors (timeouts, 5xx, 408/429,
+    connection failures); a 404/410 is retried ``not_found_retries`` times.
+    Each retry round tries the duplicates (lowest ``pri`` first) and then
+    ``loc``.
+    """
+
+    def __init__(
+        self,
+        mirror: Mirror,
+        resources: ResourceStore,
+        fetcher: Fetcher,
+        *,
+        allowed_origins: Collection[str] | None,
+        concurrency: int = 8,
+        retries: int = 5,
+        metadata_only: bool = False,
+        use_duplicates: bool = True,
+        hooks: Any = None,
+        not_found_retries: int = 2,
+        timeout: float = 30.0,
+        max_resource_bytes: int = DEFAULT_MAX_RESOURCE_BYTES,
+        backoff_initial: float = 0.2,
+        backoff_max: float = 10.0,
+    ):
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if retries < 0 or not_found_retries < 0:
+            raise ValueError("retries must not be negative")
+        self.mirror = mirror
+        self.resources = resources
+        self.fetcher = fetcher
+        self.allowed_origins = (
+            None if allowed_origins is None else frozenset(origin_of(o) for o in allowed_origins)
+        )
+        self.concurrency = concurrency
+        self.retries = retries
+        self.not_found_retries = not_found_retries
+        self.metadata_only = metadata_only
+        self.use_duplicates = use_duplicates
+        self.hooks = hooks
+        self.timeout = timeout
+        self.max_resource_bytes = max_resource_bytes
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._tails: dict[str, asyncio.Task[Outcome]] = {}
+        self._queued: dict[str, int] = {}
+        self._pending: set[asyncio.Task[Outcome]] = set()
+
+    # -- ordering ---------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Submitted changes not finished yet (for back-pressure)."""
+        return len(self._pending)
+
+    def submit(self, change: Any) -> asyncio.Future[Outcome]:
+        """Queue ``change``; it runs after every earlier submitted change of its ``loc``.
+
+        Raises :class:`InvalidChange` at once for an unusable object.  The
+        returned future holds the :class:`Outcome` (or a local failure).
+        """
+        view = _read_change(change)
+        previous = self._tails.get(view.loc)
+        self._queued[view.loc] = self._queued.get(view.loc, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._after(previous, view, change))
+        self._tails[view.loc] = task
+        self._pending.add(task)
+        task.add_done_callback(functools.partial(self._finished, view.loc))
+        return task
+
+    async def _after(
+        self, previous: asyncio.Task[Outcome] | None, view: _Change, change: Any
+    ) -> Outcome:
+        if previous is not None:
+            await asyncio.wait([previous])  # its result or failure is its submitter's
+        return await self._apply(view, change, lambda: self._queued.get(view.loc, 0) > 1)
+
+    def _finished(self, loc: str, task: asyncio.Task[Outcome]) -> None:
+        self._pending.discard(task)
+        left = self._queued.get(loc, 1) - 1
+        if left:
+            self._queued[loc] = left
+        else:
+            self._queued.pop(loc, None)
+        if self._tails.get(loc) is task:
+            del self._tails[loc]
+
+    async def drain(self) -> None:
+        """Wait until every submitted change has finished.
+
+        Re-raises the first local failure (disk, resource store) among the
+        changes it waited for, after all of them have finished.
+        """
+        first: BaseException | None = None
+        while self._pending:
+            done, _ = await asyncio.wait(list(self._pending))
+            for task in done:
+                if not task.cancelled() and task.exception() is not None and first is None:
+                    first = task.exception()
+        if first is not None:
+            raise first
+
+    # -- one change -------------------------------------------------------------
+
+    async def apply(self, change: Any) -> Outcome:
+        """Apply one change now (no ordering against other calls; see :meth:`submit`)."""
+        return await self._apply(_read_change(change), change, lambda: False)
+
+    async def _apply(self, view: _Change, change: Any, superseded: Any) -> Outcome:
+        path, refusal = self._vet(view)
+        if refusal is not None:
+            return await self._report(view, change, refusal)
+        assert path is not None
+        if _already_applied(await self.resources.get(view.loc), view):
+            await self.resources.record_outcome(
+                view.loc,
+                view.change,
+                view.datetime,
+                seq=view.seq,
+                outcome=Outcome.SKIPPED_ALREADY_APPLIED,
+            )
+            return Outcome.SKIPPED_ALREADY_APPLIED
+        if self.metadata_only:
+            await self.resources.record_applied(
+                view.loc,
+                view.change,
+                view.datetime,
+                seq=view.seq,
+                sha256=view.hashes.get("sha-256"),
+                length=view.length,
+                outcome=Outcome.RECORDED,
+            )
+            await self._hook(view, change, path)
+            return Outcome.RECORDED
+        if view.change is ChangeType.DELETED:
+            try:
+                async with self._semaphore:
+                    removed = await self.mirror.delete(path)
+            except (UnsafePath, PathConflict) as exc:
+                return await self._report(view, change, _path_failure(exc))
+            await self.resources.record_applied(
+                view.loc,
+                view.change,
+                view.datetime,
+                seq=view.seq,
+                outcome=Outcome.DELETED,
+                detail=None if removed else "no file to remove",
+            )
+            await self._hook(view, change, path)
+            return Outcome.DELETED
+        result = await self._fetch(view, path, superseded)
+        if isinstance(result, _Failure):
+            return await self._report(view, change, result)
+        written, url = result
+        await self.resources.record_applied(
+            view.loc,
+            view.change,
+            view.datetime,
+            seq=view.seq,
+            sha256=written.digests.get("sha-256"),
+            length=written.length,
+            outcome=Outcome.APPLIED,
+            detail=None if url == view.loc else f"fetched from duplicate {url}",
+        )
+        await self._hook(view, change, path)
+        return Outcome.APPLIED
+
+    def _vet(self, view: _Change) -> tuple[Path | None, _Failure | None]:
+        """Origin first (a forged notification is refused as such), then the path."""
+        try:
+            check_origin(view.loc, self.allowed_origins)
+        except OriginNotAllowed as exc:
+            return None, _Failure(Outcome.REFUSED_ORIGIN, False, str(exc))
+        except FetchError as exc:
+            return None, _Failure(Outcome.UNSAFE_PATH, False, str(exc))
+        try:
+            return self.mirror.path_for(view.loc), None
+        except UnsafePath as exc:
+            return None, _Failure(Outcome.UNSAFE_PATH, False, str(exc))
+
+    def _candidates(self, view: _Change) -> list[str]:
+        urls: list[str] = []
+        if self.use_duplicates:
+            for href in view.duplicates:
+                try:
+                    check_origin(href, self.allowed_origins)
+                except FetchError as exc:
+                    log.info("not using duplicate %s of %s: %s", href, view.loc, exc)
+                    continue
+                if href != view.loc and href not in urls:
+                    urls.append(href)
+        urls.append(view.loc)
+        return urls
+
+    async def _fetch(
+        self, view: _Change, path: Path, superseded: Any
+    ) -> tuple[Written, str] | _Failure:
+        """Try duplicates then ``loc``, in rounds with backoff, until one verifies."""
+        candidates = self._candidates(view)
+        backoff = Backoff(initial=self.backoff_initial, maximum=self.backoff_max)
+        rounds = not_found = 0
+        while True:
+            failure: _Failure | None = None
+            for url in list(candidates):
+                try:
+                    return await self._fetch_one(url, view, path), url
+                except (UnsafePath, PathConflict) as exc:  # about the path: no URL can help
+                    return _path_failure(exc)
+                except (FetchError, FixityMismatch) as exc:
+                    failure = self._classify(exc, view)
+                log.info(
+                    "fetching %s for %s failed (%s): %s",
+                    url,
+                    view.loc,
+                    failure.outcome,
+                    failure.detail,
+                    extra={"loc": view.loc, "outcome": str(failure.outcome)},
+                )
+                if not failure.retryable:
+                    if url == view.loc:
+                        return failure
+                    candidates.remove(url)
+            assert failure is not None  # the loop ended with loc failing
+            if failure.outcome is Outcome.NOT_FOUND:
+                not_found += 1
+                if not_found > self.not_found_retries:
+                    return self._maybe_superseded(failure, superseded)
+            rounds += 1
+            if rounds > self.retries:
+                return self._maybe_superseded(failure, superseded)
+            if superseded():
+                return _Failure(Outcome.SUPERSEDED, False, failure.detail)
+            await asyncio.sleep(backoff.next())
+
+    @staticmethod
+    def _maybe_superseded(failure: _Failure, superseded: Any) -> _Failure:
+        if superseded():
+            return _Failure(Outcome.SUPERSEDED, False, failure.detail)
+        return failure
+
+    async def _fetch_one(self, url: str, view: _Change, path: Path) -> Written:
+        limit = view.length if view.length is not None else self.max_resource_bytes
+        # Only transfers hold a slot: a change waiting out a backoff does not.
+        async with (
+            self._semaphore,
+            self.fetcher.stream(
+                url,
+                max_bytes=limit,
+                timeout=self.timeout,
+                allowed_origins=self.allowed_origins,
+            ) as stream,
+        ):
+            return await self.mirror.write_atomic(
+                path, stream, expected_length=view.length, expected_hashes=view.hashes
+            )
+
+    @staticmethod
+    def _classify(exc: FetchError | FixityMismatch, view: _Change) -> _Failure:
+        detail = str(exc)
+        if isinstance(exc, FixityMismatch):
+            outcome = Outcome.LENGTH_MISMATCH if exc.length_mismatch else Outcome.HASH_MISMATCH
+            return _Failure(outcome, True, detail)
+        if isinstance(exc, OriginNotAllowed):  # a redirect off the allowed origins
+            return _Failure(Outcome.REFUSED_ORIGIN, False, detail)
+        if isinstance(exc, ResponseTooLarge):
+            if view.length is not None:
+                return _Failure(Outcome.LENGTH_MISMATCH, True, detail)
+            return _Failure(Outcome.FETCH_FAILED, False, detail)
+        status = exc.status
+        if status in _GONE_STATUS:
+            return _Failure(Outcome.NOT_FOUND, True, detail)
+        retryable = status is None or status >= 500 or status in _RETRYABLE_STATUS
+        return _Failure(Outcome.FETCH_FAILED, retryable, detail)
+
+    # -- reporting --------------------------------------------------------------
+
+    async def _report(self, view: _Change, change: Any, failure: _Failure) -> Outcome:
+        await self.resources.record_outcome(
+            view.loc,
+            view.change,
+            view.datetime,
+            seq=view.seq,
+            outcome=failure.outcome,
+            detail=failure.detail,
+        )
+        if failure.outcome.done:
+            log.info("%s %s: %s", view.loc, failure.outcome, failure.detail)
+        else:
+            log.warning(
+                "%s not applied (%s): %s",
+                view.loc,
+                failure.outcome,
+                failure.detail,
+                extra={"loc": view.loc, "outcome": str(failure.outcome)},
+            )
+            await self._call("on_failed", change, failure.outcome, failure.detail)
+        return failure.outcome
+
+    async def _hook(self, view: _Change, change: Any, path: Path) -> None:
+        await self._call(f"on_{view.change.value}", change, path)
+
+    async def _call(self, name: str, *args: Any) -> None:
+        hooks = self.hooks
+        if hooks is None:
+            return
+        fn = hooks.get(name) if isinstance(hooks, Mapping) else getattr(hooks, name, None)
+        if fn is None:
+            return
+        try:
+            result = fn(*args)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("%s hook failed", name)

@@ -1,0 +1,68 @@
+"""What a push channel hands the sync engine (plain data, no behaviour).
+
+Channels (MQTT, WebSocket) run their network code in their own way, then put
+these events on the collection's queue; the engine is the only consumer, so
+every decision about one collection is taken by one task, in order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A notification payload as received, not yet decoded or verified."""
+
+    payload: bytes
+    signature: str | None = None
+    prev: int | None = None  # WebSocket: the previous seq this client was sent
+    received: float = field(default_factory=time.time)
+    # Which connection delivered it: after a replay (a new WebSocket connection)
+    # messages still queued from the old one are stale and dropped.
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The publisher's head (retained MQTT message, WebSocket hello/heartbeat)."""
+
+    head: int
+    earliest: int | None = None
+    heartbeat: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    session_present: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnected:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """The server dropped ``first..resume-1`` because this client was too slow."""
+
+    first: int
+    resume: int
+
+
+@dataclass(frozen=True, slots=True)
+class TooOld:
+    """The log no longer holds what a replay asked for: poll the Change List Index."""
+
+    since: int
+    earliest: int
+
+
+@dataclass(frozen=True, slots=True)
+class Overflow:
+    """The channel dropped events because the engine's queue was full."""
+
+
+Event = Message | Head | Connected | Disconnected | Skipped | TooOld | Overflow

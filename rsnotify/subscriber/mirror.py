@@ -1,0 +1,644 @@
+"""The Destination's local copy of a Source: where each ``loc`` lives, and safe writes there.
+
+Two halves.  :func:`path_for` / :func:`loc_for` are pure: they map a resource URI
+to a path strictly inside the mirror root and back, and refuse any URI that
+cannot be mapped safely.  :class:`Mirror` is the thin filesystem adapter: atomic,
+fsynced writes that hash the bytes as they go, and deletes.
+
+Path mapping (``root/<scheme>/<host>[_<port>]/<segment>/.../<leaf>``)
+--------------------------------------------------------------------
+
+The mapping is injective on URIs up to RFC 3986 equivalence (so ``%7E`` and
+``~``, ``%C3%BC`` and a raw ``ü``, ``HOST`` and ``host``, ``:80`` and no port
+name one file), and every path it produces decodes back to its URI
+(:func:`loc_for`).  Two different resources therefore never share a file.
+
+* ``<scheme>`` is ``http`` or ``https``.  It is a directory of its own rather
+  than being dropped because ``http://h/x`` and ``https://h/x`` are different
+  URIs (and may be different servers); any other scheme is refused.
+* ``<host>`` is the lower-case IDNA (punycode) host, IPv6 literals in brackets.
+  The port is appended as ``_<port>`` only when it is not the scheme's default.
+  ``_`` inside a host is written ``%5F`` so the port separator is unambiguous.
+* Each path segment is percent-*decoded* and stored under its real name, so
+  spaces, ``&``, combining marks and emoji appear as themselves.  Only these
+  are escaped as ``%XX`` (upper-case hex): ``%`` itself, ``/`` (so ``a%2Fb`` is
+  one file named ``a%2Fb``, never a directory), ASCII control characters, and
+  bytes that are not UTF-8.
+* A trailing ``/`` (and the empty path) maps to a leaf named ``%index``; a
+  query maps into the leaf name after ``%3F``: ``name?q=1`` -> ``name%3Fq=1``
+  (the query is kept as sent, its ``%`` and ``/`` escaped).  A literal ``?`` in
+  a segment (``name%3Fq``) stays ``?``, so the two never collide.  Fragments
+  are dropped: they are never sent to a server.
+* Names that start with ``%`` followed by a non-hex letter (``%index``,
+  ``%tmp.``) can never come from a URI, because a real ``%`` is always written
+  ``%25``.  The mirror keeps those names for itself.
+
+Refused with :class:`UnsafePath`: schemes other than http(s), URIs without a
+host or with user info, hosts with characters no DNS name or IP literal has,
+segments that decode to ``.`` or ``..`` (also spelt ``%2e%2e``), empty segments
+other than the trailing one (``a//b`` would alias ``a/b`` on disk), NUL,
+backslash, raw control characters in the URI, file names over 255 bytes and
+paths over 4,095 bytes (Linux limits).
+
+The mirror assumes a case-sensitive filesystem that does not normalise Unicode
+(ext4, xfs, btrfs).  On case-insensitive or normalising filesystems (default
+macOS and Windows) distinct URIs can share a file.
+
+A resource ``http://h/a`` and a resource under ``http://h/a/`` cannot both
+exist on a filesystem (``a`` cannot be a file and a directory); whichever
+arrives second is refused with :class:`PathConflict`.  No naming trick avoids
+this without making every ordinary path unnatural.
+
+Filesystem safety
+-----------------
+
+*No symlinks inside the mirror.*  Every directory from the root down is
+opened with ``O_NOFOLLOW`` relative to its parent's descriptor, so a symlink
+anywhere on the way (placed by accident or by an attacker) is refused with
+:class:`SymlinkInMirror` instead of being followed out of the root, and there is
+no window between checking and using a path.  The root itself is resolved once.
+A symlink *as the final name* is simply replaced by the new file (rename never
+follows it).
+
+*Atomic writes.*  Bytes go to ``%tmp.<random>`` in the final directory; the
+file is fsynced, checked (length and hashes), renamed over the final name with
+``os.replace`` and the directory is fsynced.  A reader sees the old file or the
+new one, never a partial one; a ``kill -9`` mid-write leaves only a temp file,
+which :meth:`Mirror.cleanup_temp` removes at the next start.  Bytes that fail
+their fixity check never replace anything.
+
+Empty directories left behind by deletes are kept: removing them would race
+with a concurrent write into the same directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import re
+import secrets
+import stat
+from collections.abc import AsyncIterable, Iterable, Mapping
+from pathlib import Path
+from typing import NamedTuple
+from urllib.parse import quote, unquote_to_bytes, urlsplit
+
+import yarl
+
+from ..errors import RsNotifyError
+
+__all__ = [
+    "DEFAULT_ALGORITHMS",
+    "INDEX_NAME",
+    "TEMP_PREFIX",
+    "FixityMismatch",
+    "Mirror",
+    "MirrorError",
+    "PathConflict",
+    "SymlinkInMirror",
+    "UnsafePath",
+    "Written",
+    "loc_for",
+    "path_for",
+]
+
+log = logging.getLogger("rsnotify.subscribe")
+
+INDEX_NAME = "%index"
+TEMP_PREFIX = "%tmp."
+QUERY_MARK = "%3F"
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4095
+DEFAULT_PORTS = {"http": 80, "https": 443}
+#: hash attribute names (ResourceSync section 7) -> hashlib constructors.
+HASHLIB_NAMES = {"md5": "md5", "sha-1": "sha1", "sha-256": "sha256", "sha-512": "sha512"}
+DEFAULT_ALGORITHMS = ("md5", "sha-256")
+
+_HOST = re.compile(r"[a-z0-9._-]+")
+_IPV6 = re.compile(r"[0-9a-f:.]+")
+_HEX = frozenset("0123456789ABCDEF")
+# Safe in a URI path segment (RFC 3986 pchar minus pct-encoded); quote() adds
+# the unreserved set itself.
+_PCHAR_SAFE = "!$&'()*+,;=:@"
+
+
+class MirrorError(RsNotifyError):
+    """The mirror could not map or store a resource (``.path`` when one is involved)."""
+
+    def __init__(self, message: str, *, path: Path | str | None = None):
+        self.path = path
+        super().__init__(message)
+
+
+class UnsafePath(MirrorError):
+    """A ``loc`` that cannot be mapped strictly inside the mirror root."""
+
+
+class SymlinkInMirror(UnsafePath):
+    """A symlink on the way to a mirror path; symlinks are never followed."""
+
+
+class PathConflict(MirrorError):
+    """A file stands where a directory is needed, or a directory where a file is."""
+
+
+class FixityMismatch(MirrorError):
+    """The bytes received do not have the advertised length or hash; nothing was replaced."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | str | None = None,
+        length: int,
+        expected_length: int | None,
+        mismatched: Mapping[str, tuple[str, str]] | None = None,
+    ):
+        self.length = length
+        self.expected_length = expected_length
+        #: algorithm -> (expected hex, actual hex); empty for a pure length mismatch.
+        self.mismatched = dict(mismatched or {})
+        super().__init__(message, path=path)
+
+    @property
+    def length_mismatch(self) -> bool:
+        return self.expected_length is not None and self.length != self.expected_length
+
+
+class Written(NamedTuple):
+    """What :meth:`Mirror.write_atomic` stored: byte count and hex digests by algorithm."""
+
+    length: int
+    digests: dict[str, str]
+
+
+# --- pure mapping -----------------------------------------------------------------
+
+
+def _escape(raw: bytes, *, extra: str = "") -> str:
+    """A file name for the bytes ``raw``: UTF-8 text as itself, the rest as ``%XX``."""
+    text = raw.decode("utf-8", errors="surrogateescape")
+    out: list[str] = []
+    for char in text:
+        code = ord(char)
+        if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, smuggled by surrogateescape
+            out.append(f"%{code - 0xDC00:02X}")
+        elif char in "%/" or char in extra or code < 0x20 or code == 0x7F:
+            out.append("".join(f"%{b:02X}" for b in char.encode()))
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _unescape(name: str) -> bytes:
+    """Inverse of :func:`_escape`; raises ValueError on names it could not have made."""
+    out = bytearray()
+    i = 0
+    while i < len(name):
+        char = name[i]
+        if char == "%":
+            pair = name[i + 1 : i + 3]
+            if len(pair) != 2 or not set(pair) <= _HEX:
+                raise ValueError(f"{name!r} is not a mirror file name")
+            out.append(int(pair, 16))
+            i += 3
+        else:
+            out += char.encode("utf-8", errors="surrogateescape")
+            i += 1
+    return bytes(out)
+
+
+def _host_dir(loc: str, scheme: str) -> str:
+    try:
+        url = yarl.URL(loc)
+        raw_host = (url.raw_host or "").lower()
+        port = url.port
+        user = url.raw_user
+    except (ValueError, TypeError, UnicodeError) as exc:
+        raise UnsafePath(f"{loc!r}: invalid host or port ({exc})") from None
+    if user is not None:
+        raise UnsafePath(f"{loc!r}: user info in a resource URI is not mirrored")
+    if ":" in raw_host:
+        if not _IPV6.fullmatch(raw_host):
+            raise UnsafePath(f"{loc!r}: invalid IPv6 host")
+        host = f"[{raw_host}]"
+    elif not _HOST.fullmatch(raw_host) or set(raw_host) == {"."}:
+        raise UnsafePath(f"{loc!r}: invalid host {raw_host!r}")
+    else:
+        host = raw_host.replace("_", "%5F")
+    if port is not None and port != DEFAULT_PORTS[scheme]:
+        host = f"{host}_{port}"
+    return host
+
+
+def _segment_name(segment: str, loc: str) -> str:
+    raw = unquote_to_bytes(segment)
+    if raw in (b".", b".."):
+        raise UnsafePath(f"{loc!r}: a path segment decodes to {raw.decode()!r}")
+    if b"\x00" in raw:
+        raise UnsafePath(f"{loc!r}: a path segment contains NUL")
+    if b"\\" in raw:
+        raise UnsafePath(f"{loc!r}: a path segment contains a backslash")
+    return _escape(raw)
+
+
+def _check_name(name: str, loc: str) -> None:
+    if len(name.encode("utf-8", errors="surrogateescape")) > MAX_NAME_BYTES:
+        raise UnsafePath(f"{loc[:200]!r}: a file name would exceed {MAX_NAME_BYTES} bytes")
+
+
+def path_for(loc: str, root: Path) -> Path:
+    """The mirror path of ``loc`` under ``root`` (see the module docstring for the rules).
+
+    Raises :class:`UnsafePath` for any URI that cannot be mapped safely.  Pure:
+    the filesystem is not consulted (symlinks are :class:`Mirror`'s business).
+    """
+    if not isinstance(loc, str) or not loc:
+        raise UnsafePath(f"{loc!r}: not a URI")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in loc):
+        # urlsplit silently deletes tabs and newlines, which would alias URIs.
+        raise UnsafePath(f"{loc[:200]!r}: control characters in a URI")
+    try:
+        parts = urlsplit(loc)
+    except ValueError as exc:
+        raise UnsafePath(f"{loc[:200]!r}: not a URI ({exc})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS:
+        raise UnsafePath(f"{loc[:200]!r}: only http and https resources are mirrored")
+    if not parts.netloc:
+        raise UnsafePath(f"{loc[:200]!r}: no host")
+    names = [scheme, _host_dir(loc, scheme)]
+    path = parts.path or "/"
+    if not path.startswith("/"):
+        raise UnsafePath(f"{loc[:200]!r}: relative path")
+    segments = path[1:].split("/")
+    for i, segment in enumerate(segments):
+        last = i == len(segments) - 1
+        if segment == "":
+            if not last:
+                raise UnsafePath(f"{loc[:200]!r}: empty path segment (would alias)")
+            names.append(INDEX_NAME)
+        else:
+            names.append(_segment_name(segment, loc))
+    if parts.query or loc.split("#", 1)[0].endswith("?"):
+        names[-1] += QUERY_MARK + _escape(parts.query.encode("utf-8", errors="surrogateescape"))
+    for name in names[1:]:
+        _check_name(name, loc)
+    result = Path(root).joinpath(*names)
+    if len(os.fsencode(result)) > MAX_PATH_BYTES:
+        raise UnsafePath(f"{loc[:200]!r}: the mirror path would exceed {MAX_PATH_BYTES} bytes")
+    return result
+
+
+def loc_for(path: Path | str, root: Path) -> str:
+    """The URI whose mirror path is ``path`` (the inverse of :func:`path_for`).
+
+    The URI comes back in a normal form (percent-encoded UTF-8, upper-case hex,
+    default port omitted), so ``path_for(loc_for(p), root) == p``.  Raises
+    :class:`MirrorError` for a path the mapping cannot have produced.
+    """
+    try:
+        names = Path(path).relative_to(root).parts
+    except ValueError:
+        raise MirrorError(f"{path} is not inside the mirror root {root}", path=path) from None
+    if len(names) < 3 or names[0] not in DEFAULT_PORTS:
+        raise MirrorError(f"{path} is not a mirrored resource path", path=path)
+    try:
+        scheme, host_dir, *segments = names
+        host, sep, port = host_dir.rpartition("_")
+        if not sep:
+            host, port = host_dir, ""
+        elif not port.isdigit():
+            raise ValueError(host_dir)
+        host = _unescape(host).decode("ascii")
+        leaf, mark, query = segments[-1].partition(QUERY_MARK)
+        segments[-1] = leaf
+        pieces = []
+        for i, name in enumerate(segments):
+            if name == INDEX_NAME and i == len(segments) - 1:
+                pieces.append("")
+            elif name.startswith("%") and not set(name[1:3]) <= _HEX:
+                raise ValueError(name)
+            else:
+                pieces.append(quote(_unescape(name), safe=_PCHAR_SAFE))
+        uri = f"{scheme}://{host}{':' + port if port else ''}/" + "/".join(pieces)
+        if mark:
+            uri += "?" + _unescape(query).decode("utf-8", errors="surrogateescape")
+    except (ValueError, UnicodeError):
+        raise MirrorError(f"{path} is not a mirrored resource path", path=path) from None
+    return uri
+
+
+# --- the filesystem adapter ---------------------------------------------------------
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _close_all(fds: Iterable[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class Mirror:
+    """The mirror directory: safe atomic writes and deletes under ``root``.
+
+    ``root`` is created if missing and resolved once, so a symlinked root
+    directory is fine; below it, no symlink is ever followed.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]):
+        root_path = Path(root)
+        try:
+            root_path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise MirrorError(f"cannot create mirror root {root_path}: {exc}") from None
+        self.root = root_path.resolve()
+
+    def path_for(self, loc: str) -> Path:
+        """:func:`path_for` under this mirror's root."""
+        return path_for(loc, self.root)
+
+    def loc_for(self, path: Path | str) -> str:
+        """:func:`loc_for` under this mirror's root."""
+        return loc_for(path, self.root)
+
+    def _relative(self, path: Path | str) -> tuple[str, ...]:
+        try:
+            names = Path(path).relative_to(self.root).parts
+        except ValueError:
+            raise UnsafePath(f"{path} is not inside the mirror root {self.root}") from None
+        if not names or any(n in ("", ".", "..") for n in names):
+            raise UnsafePath(f"{path} is not a file path inside the mirror root", path=path)
+        return names
+
+    def _open_dirs(
+        self, names: tuple[str, ...], *, create: bool, path: Path | str
+    ) -> tuple[int | None, list[int]]:
+        """Open the directory ``root/names...`` without following any symlink.
+
+        Returns ``(fd, fds_to_fsync)``; ``fd`` is None when a component is missing
+        and ``create`` is false.  ``fds_to_fsync`` are parents that gained a new
+        subdirectory (fsync them for the new entry to be durable); the caller owns
+        every descriptor returned.
+        """
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise MirrorError(f"cannot open mirror root {self.root}: {exc}", path=path) from None
+        dirty: list[int] = []
+        try:
+            for name in names:
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        _close_all([fd, *dirty])
+                        return None, []
+                    with contextlib.suppress(FileExistsError):  # a concurrent writer won
+                        os.mkdir(name, 0o755, dir_fd=fd)
+                    child = self._open_existing(name, fd, path)
+                    dirty.append(os.dup(fd))
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                        raise
+                    self._refuse_non_directory(name, fd, path)
+                    raise
+                os.close(fd)
+                fd = child
+        except MirrorError:
+            _close_all([fd, *dirty])
+            raise
+        except OSError as exc:
+            _close_all([fd, *dirty])
+            raise MirrorError(f"{path}: {exc.strerror or exc}", path=path) from None
+        return fd, dirty
+
+    def _open_existing(self, name: str, parent: int, path: Path | str) -> int:
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+                self._refuse_non_directory(name, parent, path)
+            raise
+
+    def _refuse_non_directory(self, name: str, parent: int, path: Path | str) -> None:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode):
+            raise SymlinkInMirror(
+                f"{path}: {name!r} on the way is a symlink; symlinks inside the mirror are "
+                "never followed",
+                path=path,
+            )
+        raise PathConflict(
+            f"{path}: {name!r} on the way is a file, not a directory (a resource named "
+            "like a directory of other resources)",
+            path=path,
+        )
+
+    async def write_atomic(
+        self,
+        path: Path | str,
+        chunks: AsyncIterable[bytes],
+        *,
+        expected_length: int | None = None,
+        expected_hashes: Mapping[str, str] | None = None,
+        algorithms: Iterable[str] = DEFAULT_ALGORITHMS,
+    ) -> Written:
+        """Store ``chunks`` at ``path`` atomically, hashing as they arrive.
+
+        ``expected_length`` and ``expected_hashes`` (``{"md5": hex, "sha-256":
+        hex}``, as :func:`rsnotify.model.parse_hashes` returns) are checked
+        *before* the rename: on a mismatch :class:`FixityMismatch` is raised and
+        the current file is untouched.  A body longer than ``expected_length`` is
+        refused as soon as it overruns, without reading the rest.  Hash
+        algorithms rsnotify does not know are ignored (logged), since they cannot
+        be verified.  Returns the length and the digests of ``algorithms`` plus
+        every verified one.
+        """
+        names = self._relative(path)
+        expected = {k.lower(): v.lower() for k, v in (expected_hashes or {}).items()}
+        wanted = dict.fromkeys(a.lower() for a in (*algorithms, *expected))
+        hashers = {}
+        for algo in wanted:
+            if algo in HASHLIB_NAMES:
+                hashers[algo] = hashlib.new(HASHLIB_NAMES[algo])
+            else:
+                log.warning("cannot verify unknown hash algorithm %r for %s", algo, path)
+        dir_fd, dirty = self._open_dirs(names[:-1], create=True, path=path)
+        assert dir_fd is not None
+        name = names[-1]
+        temp = f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    raise PathConflict(
+                        f"{path} is a directory (other resources are stored under it)",
+                        path=path,
+                    )
+            fd = os.open(
+                temp,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644,
+                dir_fd=dir_fd,
+            )
+        except BaseException as exc:
+            _close_all([dir_fd, *dirty])
+            if isinstance(exc, OSError):
+                raise MirrorError(f"{path}: {exc.strerror or exc}", path=path) from None
+            raise
+        handed_off = False
+        try:
+            length = 0
+            async for chunk in chunks:
+                length += len(chunk)
+                if expected_length is not None and length > expected_length:
+                    raise FixityMismatch(
+                        f"{path}: body longer than the advertised {expected_length} bytes",
+                        path=path,
+                        length=length,
+                        expected_length=expected_length,
+                    )
+                for hasher in hashers.values():
+                    hasher.update(chunk)
+                # Writes to the page cache are quick; only the fsyncs go to a thread.
+                _write_all(fd, chunk)
+            digests = {algo: hasher.hexdigest() for algo, hasher in hashers.items()}
+            self._verify(path, length, digests, expected_length, expected)
+            handed_off = True
+            commit = asyncio.get_running_loop().run_in_executor(
+                None, self._commit, fd, dir_fd, dirty, temp, name, str(path)
+            )
+            # Shielded: once the rename is under way it finishes (and closes its
+            # descriptors) even if the caller is cancelled.
+            await asyncio.shield(commit)
+        except OSError as exc:
+            if not handed_off:
+                self._abandon(fd, dir_fd, dirty, temp)
+            raise MirrorError(f"{path}: {exc.strerror or exc}", path=path) from None
+        except BaseException:
+            if not handed_off:
+                self._abandon(fd, dir_fd, dirty, temp)
+            raise
+        return Written(length, digests)
+
+    @staticmethod
+    def _verify(
+        path: Path | str,
+        length: int,
+        digests: Mapping[str, str],
+        expected_length: int | None,
+        expected: Mapping[str, str],
+    ) -> None:
+        mismatched = {
+            algo: (want, digests[algo])
+            for algo, want in expected.items()
+            if algo in digests and digests[algo] != want
+        }
+        if (expected_length is not None and length != expected_length) or mismatched:
+            problems = [f"{a} {got} != advertised {want}" for a, (want, got) in mismatched.items()]
+            if expected_length is not None and length != expected_length:
+                problems.insert(0, f"length {length} != advertised {expected_length}")
+            raise FixityMismatch(
+                f"{path}: {'; '.join(problems)}",
+                path=path,
+                length=length,
+                expected_length=expected_length,
+                mismatched=mismatched,
+            )
+
+    @staticmethod
+    def _abandon(fd: int, dir_fd: int, dirty: list[int], temp: str) -> None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=dir_fd)
+        _close_all([dir_fd, *dirty])
+
+    @staticmethod
+    def _commit(fd: int, dir_fd: int, dirty: list[int], temp: str, name: str, path: str) -> None:
+        """fsync the file, rename it into place, fsync the directories (worker thread)."""
+        try:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except IsADirectoryError:
+                raise PathConflict(
+                    f"{path} is a directory (other resources are stored under it)", path=path
+                ) from None
+            os.fsync(dir_fd)
+            for parent in dirty:
+                os.fsync(parent)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=dir_fd)
+            raise
+        finally:
+            _close_all([dir_fd, *dirty])
+
+    async def delete(self, path: Path | str) -> bool:
+        """Remove the file at ``path``; True if there was one.
+
+        A missing file (or missing directory on the way) is not an error: the
+        resource is gone either way.  A directory at ``path`` is left alone and
+        reported as False, since it holds other resources.
+        """
+        names = self._relative(path)
+        dir_fd, _ = self._open_dirs(names[:-1], create=False, path=path)
+        if dir_fd is None:
+            return False
+        job = asyncio.get_running_loop().run_in_executor(
+            None, self._unlink, dir_fd, names[-1], str(path)
+        )
+        return await asyncio.shield(job)
+
+    @staticmethod
+    def _unlink(dir_fd: int, name: str, path: str) -> bool:
+        try:
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                return False
+            except (IsADirectoryError, PermissionError):
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    return False
+                raise
+            os.fsync(dir_fd)
+            return True
+        except OSError as exc:
+            raise MirrorError(f"cannot delete {path}: {exc.strerror or exc}", path=path) from None
+        finally:
+            os.close(dir_fd)
+
+    def cleanup_temp(self) -> int:
+        """Remove temp files left by an interrupted write; returns how many.
+
+        Call it at startup, before anything writes: it removes *every*
+        ``%tmp.*`` file under the root, including one a live writer in another
+        process is filling (two processes must not share a mirror root).
+        Symlinked directories are not descended into.
+        """
+        removed = 0
+        for directory, dirnames, filenames in os.walk(self.root, followlinks=False):
+            for name in filenames:
+                if name.startswith(TEMP_PREFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(directory, name))
+                        removed += 1
+            dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
+        return removed

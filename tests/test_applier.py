@@ -1,0 +1,709 @@
+"""The change applier against real aiohttp Sources on loopback ports and real files."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from rsnotify.envelope import Notification
+from rsnotify.fetch import Fetcher
+from rsnotify.model import ChangeType, Entry, Link
+from rsnotify.subscriber.applier import Applier, Hooks, InvalidChange, Outcome
+from rsnotify.subscriber.mirror import TEMP_PREFIX, Mirror
+from rsnotify.subscriber.resources import ResourceStore, ResourceStoreError
+from tests.services import async_wait_for
+
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def at(seconds: int) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def fixity(body: bytes) -> str:
+    return f"md5:{hashlib.md5(body).hexdigest()} sha-256:{hashlib.sha256(body).hexdigest()}"
+
+
+@contextlib.asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+class Source:
+    """Serves ``files`` by decoded path, with scripted misbehaviour per path."""
+
+    def __init__(self) -> None:
+        self.base = ""
+        self.files: dict[str, bytes] = {}
+        self.corrupt: dict[str, int] = {}  # path -> wrong bodies still to serve (-1: forever)
+        self.statuses: dict[str, list[int]] = {}  # path -> statuses to answer first
+        self.stalls: dict[str, int] = {}  # path -> requests still to stall until release
+        self.redirects: dict[str, str] = {}
+        self.gates: dict[str, asyncio.Event] = {}  # path -> hold requests until set
+        self.requests: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.release = asyncio.Event()
+        self.app = web.Application()
+        self.app.router.add_get("/{path:.*}", self.handle)
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        self.requests.append(path)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if path in self.gates:
+                await self.gates[path].wait()
+            if self.stalls.get(path, 0) > 0:
+                self.stalls[path] -= 1
+                await self.release.wait()
+            if self.statuses.get(path):
+                status = self.statuses[path].pop(0)
+                return web.Response(status=status, text=f"status {status}")
+            if path in self.redirects:
+                raise web.HTTPFound(self.redirects[path])
+            if path not in self.files:
+                raise web.HTTPNotFound()
+            body = self.files[path]
+            left = self.corrupt.get(path, 0)
+            if left:
+                self.corrupt[path] = left - 1 if left > 0 else left
+                body = bytes([body[0] ^ 0xFF]) + body[1:] if body else b"?"
+            return web.Response(body=body, content_type="application/octet-stream")
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.fixture
+async def source() -> AsyncIterator[Source]:
+    src = Source()
+    async with serve(src.app) as base:
+        src.base = base
+        try:
+            yield src
+        finally:
+            src.release.set()
+            for gate in src.gates.values():
+                gate.set()
+
+
+@pytest.fixture
+async def other() -> AsyncIterator[Source]:
+    """A second origin: a mirror host, or somewhere a forged notification points."""
+    src = Source()
+    async with serve(src.app) as base:
+        src.base = base
+        try:
+            yield src
+        finally:
+            src.release.set()
+
+
+class Env:
+    def __init__(self, tmp_path: Path, source: Source, fetcher: Fetcher):
+        self.tmp_path = tmp_path
+        self.source = source
+        self.fetcher = fetcher
+        self.mirror = Mirror(tmp_path / "mirror")
+        self.store = ResourceStore(tmp_path / "resources.sqlite")
+        self.seq = itertools.count(1)
+        self.events: list[tuple[str, str, Path]] = []
+        self.failures: list[tuple[str, Outcome]] = []
+
+    def applier(self, **options: Any) -> Applier:
+        options.setdefault("allowed_origins", [self.source.base])
+        options.setdefault("backoff_initial", 0.001)
+        options.setdefault("backoff_max", 0.005)
+        options.setdefault("timeout", 5.0)
+        return Applier(self.mirror, self.store, self.fetcher, **options)
+
+    def note(
+        self,
+        path_or_loc: str,
+        change: str = "created",
+        when: datetime = T0,
+        *,
+        body: bytes | None = None,
+        length: int | None = None,
+        links: list[dict[str, Any]] | None = None,
+        seq: int | None = None,
+    ) -> Notification:
+        loc = path_or_loc if "://" in path_or_loc else self.source.url(path_or_loc)
+        return Notification(
+            collection="test",
+            seq=seq if seq is not None else next(self.seq),
+            capabilitylist=self.source.url("/capabilitylist.xml"),
+            changelist=self.source.url("/changelist.xml"),
+            loc=loc,
+            change=ChangeType(change),
+            datetime=when,
+            hash=fixity(body) if body is not None else None,
+            length=length if length is not None else (len(body) if body is not None else None),
+            links=links or [],
+        )
+
+    def path(self, loc_or_path: str) -> Path:
+        loc = loc_or_path if "://" in loc_or_path else self.source.url(loc_or_path)
+        return self.mirror.path_for(loc)
+
+    def recording_hooks(self) -> Hooks:
+        def created(change: Notification, path: Path) -> None:
+            self.events.append(("created", change.loc, path))
+
+        async def updated(change: Notification, path: Path) -> None:
+            await asyncio.sleep(0)
+            self.events.append(("updated", change.loc, path))
+
+        def deleted(change: Notification, path: Path) -> None:
+            self.events.append(("deleted", change.loc, path))
+
+        def failed(change: Notification, outcome: Outcome, detail: str) -> None:
+            self.failures.append((change.loc, outcome))
+
+        return Hooks(on_created=created, on_updated=updated, on_deleted=deleted, on_failed=failed)
+
+    async def outcomes(self, loc_or_path: str) -> list[str]:
+        loc = loc_or_path if "://" in loc_or_path else self.source.url(loc_or_path)
+        return [r.outcome for r in await self.store.apply_log(loc)]
+
+
+@pytest.fixture
+async def env(tmp_path: Path, source: Source) -> AsyncIterator[Env]:
+    async with Fetcher() as fetcher:
+        environment = Env(tmp_path, source, fetcher)
+        try:
+            yield environment
+        finally:
+            await environment.store.close()
+
+
+def temp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.startswith(TEMP_PREFIX)]
+
+
+async def assert_never_backwards(store: ResourceStore) -> None:
+    """The apply log shows no resource written or deleted by an older change than before."""
+    newest: dict[str, datetime] = {}
+    for record in await store.apply_log():
+        if record.outcome in (Outcome.APPLIED, Outcome.DELETED, Outcome.RECORDED):
+            assert record.datetime >= newest.get(record.loc, record.datetime), record
+            newest[record.loc] = record.datetime
+
+
+# --- created / updated ------------------------------------------------------------
+
+
+async def test_created_is_fetched_verified_and_recorded(env: Env, source: Source) -> None:
+    body = b"<xml>resource one</xml>"
+    source.files["/r/one.xml"] = body
+    applier = env.applier()
+    change = env.note("/r/one.xml", body=body, when=at(1))
+    assert await applier.apply(change) is Outcome.APPLIED
+    path = env.path("/r/one.xml")
+    assert path.read_bytes() == body
+    state = await env.store.get(change.loc)
+    assert state is not None
+    assert (state.change, state.datetime, state.seq) == (ChangeType.CREATED, at(1), change.seq)
+    assert (state.sha256, state.length) == (hashlib.sha256(body).hexdigest(), len(body))
+    log = await env.store.apply_log(change.loc)
+    assert [(r.outcome, r.sha256) for r in log] == [("applied", state.sha256)]
+    assert temp_files(env.mirror.root) == []
+
+
+async def test_odd_characters_round_trip(env: Env, source: Source) -> None:
+    name = "/ü/e\u0301/😀 &x.txt"
+    source.files[name] = b"odd"
+    loc = source.url(name)
+    assert await env.applier().apply(env.note(loc, body=b"odd")) is Outcome.APPLIED
+    assert source.requests == [name]
+    path = env.path(loc)
+    assert path.relative_to(env.mirror.root).parts[2:] == ("ü", "e\u0301", "😀 &x.txt")
+    assert path.read_bytes() == b"odd"
+    assert env.mirror.path_for(env.mirror.loc_for(path)) == path
+
+
+async def test_model_entries_are_accepted_too(env: Env, source: Source) -> None:
+    source.files["/e"] = b"entry"
+    entry = Entry(
+        loc=source.url("/e"),
+        lastmod=at(5),  # ResourceSync 1.0: the change time is lastmod
+        change=ChangeType.UPDATED,
+        hash=fixity(b"entry"),
+        links=[Link(rel="duplicate", href=source.url("/e"), pri=1)],
+    )
+    assert await env.applier().apply(entry) is Outcome.APPLIED
+    state = await env.store.get(entry.loc)
+    assert state is not None and state.datetime == at(5) and state.seq is None
+
+
+async def test_unusable_change_objects_are_refused_clearly(env: Env) -> None:
+    applier = env.applier()
+    with pytest.raises(InvalidChange):
+        await applier.apply(Entry(loc="http://s/x", change=ChangeType.CREATED))  # no time
+    with pytest.raises(InvalidChange):
+        applier.submit(Entry(loc="http://s/x", lastmod=T0))  # no change type
+    with pytest.raises(InvalidChange):
+        await applier.apply(object())
+
+
+# --- idempotence and never going backwards -----------------------------------------
+
+
+async def test_applying_twice_is_a_no_op(env: Env, source: Source) -> None:
+    source.files["/a"] = b"v1"
+    applier = env.applier()
+    change = env.note("/a", body=b"v1", when=at(1))
+    assert await applier.apply(change) is Outcome.APPLIED
+    before = env.path("/a").stat()
+    assert await applier.apply(change) is Outcome.SKIPPED_ALREADY_APPLIED
+    after = env.path("/a").stat()
+    assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
+    assert source.requests == ["/a"]
+    assert await env.outcomes("/a") == ["applied", "skipped_already_applied"]
+
+
+async def test_an_older_change_never_overwrites_a_newer_one(env: Env, source: Source) -> None:
+    source.files["/a"] = b"v2"
+    applier = env.applier()
+    assert await applier.apply(env.note("/a", "updated", at(20), body=b"v2")) is Outcome.APPLIED
+    source.files["/a"] = b"v1-stale-copy"
+    older = [
+        env.note("/a", "created", at(10), body=b"v1-stale-copy"),
+        env.note("/a", "deleted", at(15)),
+    ]
+    for change in older:
+        assert await applier.apply(change) is Outcome.SKIPPED_ALREADY_APPLIED
+    assert env.path("/a").read_bytes() == b"v2"
+    assert source.requests == ["/a"]
+    await assert_never_backwards(env.store)
+
+
+async def test_scrambled_submission_keeps_the_newest(env: Env, source: Source) -> None:
+    source.files["/s"] = b"latest"
+    applier = env.applier()
+    newest = env.note("/s", "updated", at(3))
+    futures = [
+        applier.submit(newest),
+        applier.submit(env.note("/s", "created", at(1))),
+        applier.submit(env.note("/s", "deleted", at(2))),
+    ]
+    outcomes = await asyncio.gather(*futures)
+    assert outcomes == [Outcome.APPLIED] + [Outcome.SKIPPED_ALREADY_APPLIED] * 2
+    assert env.path("/s").read_bytes() == b"latest"
+    await assert_never_backwards(env.store)
+
+
+async def test_equal_datetimes_use_seq_then_change_type(env: Env, source: Source) -> None:
+    source.files["/t"] = b"x"
+    applier = env.applier()
+    created = env.note("/t", "created", at(1), seq=10)
+    updated = env.note("/t", "updated", at(1), seq=11)
+    assert await applier.apply(created) is Outcome.APPLIED
+    assert await applier.apply(updated) is Outcome.APPLIED  # same second, later seq
+    assert await applier.apply(created) is Outcome.SKIPPED_ALREADY_APPLIED
+    assert await applier.apply(updated) is Outcome.SKIPPED_ALREADY_APPLIED
+    # Without sequence numbers (a Change List walk), the change type decides.
+    walked = Entry(loc=updated.loc, lastmod=at(1), change=ChangeType.UPDATED)
+    assert await applier.apply(walked) is Outcome.SKIPPED_ALREADY_APPLIED
+
+
+async def test_state_survives_a_restart(env: Env, source: Source, tmp_path: Path) -> None:
+    source.files["/p"] = b"persist"
+    change = env.note("/p", body=b"persist", when=at(1))
+    assert await env.applier().apply(change) is Outcome.APPLIED
+    await env.store.close()
+    env.store = ResourceStore(tmp_path / "resources.sqlite")
+    env.mirror = Mirror(tmp_path / "mirror")
+    assert await env.applier().apply(change) is Outcome.SKIPPED_ALREADY_APPLIED
+    assert source.requests == ["/p"]
+
+
+# --- fixity ------------------------------------------------------------------------
+
+
+async def test_hash_mismatch_is_retried_until_the_right_bytes(env: Env, source: Source) -> None:
+    source.files["/h"] = b"right bytes"
+    source.corrupt["/h"] = 2
+    applier = env.applier(retries=5)
+    assert await applier.apply(env.note("/h", body=b"right bytes")) is Outcome.APPLIED
+    assert source.requests == ["/h"] * 3
+    assert env.path("/h").read_bytes() == b"right bytes"
+    assert await env.outcomes("/h") == ["applied"]
+    assert temp_files(env.mirror.root) == []
+
+
+async def test_hash_always_wrong_is_reported_and_never_applied(env: Env, source: Source) -> None:
+    source.files["/h"] = b"version one"
+    applier = env.applier(retries=3, hooks=env.recording_hooks())
+    assert await applier.apply(env.note("/h", body=b"version one", when=at(1))) is Outcome.APPLIED
+    source.files["/h"] = b"version two"
+    source.corrupt["/h"] = -1
+    changed = env.note("/h", "updated", at(2), body=b"version two")
+    assert await applier.apply(changed) is Outcome.HASH_MISMATCH
+    assert source.requests == ["/h"] * (1 + 4)  # first apply, then 1 try + 3 retries
+    assert env.path("/h").read_bytes() == b"version one"
+    assert temp_files(env.mirror.root) == []
+    log = await env.store.apply_log(changed.loc)
+    assert [r.outcome for r in log] == ["applied", "hash_mismatch"]
+    assert "sha-256" in (log[-1].detail or "")
+    assert env.failures == [(changed.loc, Outcome.HASH_MISMATCH)]
+    state = await env.store.get(changed.loc)
+    assert state is not None and state.datetime == at(1)  # not recorded as applied
+    source.corrupt["/h"] = 0  # the Source heals: a redelivery applies it
+    assert await applier.apply(changed) is Outcome.APPLIED
+    assert env.path("/h").read_bytes() == b"version two"
+
+
+async def test_length_mismatch_is_reported(env: Env, source: Source) -> None:
+    source.files["/short"] = b"12345"
+    source.files["/long"] = b"1234567890" * 1000
+    applier = env.applier(retries=1)
+    assert await applier.apply(env.note("/short", length=6)) is Outcome.LENGTH_MISMATCH
+    assert await applier.apply(env.note("/long", length=6)) is Outcome.LENGTH_MISMATCH
+    assert source.requests == ["/short"] * 2 + ["/long"] * 2
+    assert not env.path("/short").exists() and not env.path("/long").exists()
+    assert temp_files(env.mirror.root) == []
+
+
+# --- origins and duplicates ----------------------------------------------------------
+
+
+async def test_off_origin_loc_is_refused_without_any_request(
+    env: Env, source: Source, other: Source
+) -> None:
+    other.files["/secret"] = b"internal"
+    applier = env.applier(hooks=env.recording_hooks())
+    forged = env.note(other.url("/secret"), body=b"internal")
+    assert await applier.apply(forged) is Outcome.REFUSED_ORIGIN
+    forged_delete = env.note(other.url("/secret"), "deleted", at(1))
+    assert await applier.apply(forged_delete) is Outcome.REFUSED_ORIGIN
+    assert other.requests == [] and source.requests == []
+    assert await env.outcomes(forged.loc) == ["refused_origin", "refused_origin"]
+    assert env.failures == [(forged.loc, Outcome.REFUSED_ORIGIN)] * 2
+    assert not env.mirror.path_for(forged.loc).parent.exists()
+
+
+async def test_redirect_off_origin_is_refused(env: Env, source: Source, other: Source) -> None:
+    other.files["/secret"] = b"internal"
+    source.redirects["/moved"] = other.url("/secret")
+    applier = env.applier()
+    assert await applier.apply(env.note("/moved")) is Outcome.REFUSED_ORIGIN
+    assert source.requests == ["/moved"]  # refused once, not retried
+    assert other.requests == []
+
+
+async def test_unsafe_locs_are_refused_without_any_request(env: Env, source: Source) -> None:
+    applier = env.applier(allowed_origins=None)
+    for loc in [source.url("/a/../../etc/passwd"), source.url("/%2e%2e/x"), "file:///etc/passwd"]:
+        assert await applier.apply(env.note(loc)) is Outcome.UNSAFE_PATH
+    assert source.requests == []
+
+
+async def test_duplicate_with_lowest_pri_is_used(env: Env, source: Source, other: Source) -> None:
+    body = b"mirrored"
+    source.files["/d"] = body
+    other.files["/first"] = body
+    other.files["/second"] = body
+    links = [
+        {"rel": "duplicate", "href": other.url("/second"), "pri": 2},
+        {"rel": "alternate", "href": other.url("/alt")},
+        {"rel": "duplicate", "href": other.url("/first"), "pri": 1},
+    ]
+    applier = env.applier(allowed_origins=[source.base, other.base])
+    change = env.note("/d", body=body, links=links)
+    assert await applier.apply(change) is Outcome.APPLIED
+    assert other.requests == ["/first"]
+    assert source.requests == []
+    assert env.path("/d").read_bytes() == body
+    log = await env.store.apply_log(change.loc)
+    assert other.url("/first") in (log[-1].detail or "")
+
+
+async def test_duplicates_fall_back_to_loc(env: Env, source: Source, other: Source) -> None:
+    body = b"original"
+    source.files["/d"] = body
+    other.files["/stale"] = b"stale copy"  # wrong hash
+    links = [
+        {"rel": "duplicate", "href": other.url("/missing"), "pri": 1},  # 404
+        {"rel": "duplicate", "href": other.url("/stale"), "pri": 2},
+        {"rel": "duplicate", "href": "http://127.0.0.1:9/not-allowed", "pri": 0},
+    ]
+    applier = env.applier(allowed_origins=[source.base, other.base])
+    assert await applier.apply(env.note("/d", body=body, links=links)) is Outcome.APPLIED
+    assert other.requests == ["/missing", "/stale"]
+    assert source.requests == ["/d"]
+    assert env.path("/d").read_bytes() == body
+
+
+async def test_duplicates_can_be_ignored(env: Env, source: Source, other: Source) -> None:
+    source.files["/d"] = b"x"
+    other.files["/dup"] = b"x"
+    applier = env.applier(allowed_origins=[source.base, other.base], use_duplicates=False)
+    links = [{"rel": "duplicate", "href": other.url("/dup"), "pri": 1}]
+    assert await applier.apply(env.note("/d", body=b"x", links=links)) is Outcome.APPLIED
+    assert other.requests == [] and source.requests == ["/d"]
+
+
+# --- transient failures -------------------------------------------------------------
+
+
+async def test_5xx_is_retried(env: Env, source: Source) -> None:
+    source.files["/busy"] = b"ok"
+    source.statuses["/busy"] = [503, 500, 502]
+    assert await env.applier(retries=3).apply(env.note("/busy", body=b"ok")) is Outcome.APPLIED
+    assert source.requests == ["/busy"] * 4
+
+
+async def test_persistent_5xx_gives_up_after_retries(env: Env, source: Source) -> None:
+    source.files["/down"] = b"ok"
+    source.statuses["/down"] = [503] * 10
+    assert await env.applier(retries=2).apply(env.note("/down")) is Outcome.FETCH_FAILED
+    assert source.requests == ["/down"] * 3
+
+
+async def test_timeout_is_retried(env: Env, source: Source) -> None:
+    source.files["/slow"] = b"eventually"
+    source.stalls["/slow"] = 1
+    applier = env.applier(timeout=0.3)
+    assert await applier.apply(env.note("/slow", body=b"eventually")) is Outcome.APPLIED
+    assert source.requests == ["/slow", "/slow"]
+
+
+async def test_404_is_retried_a_little_then_reported(env: Env, source: Source) -> None:
+    applier = env.applier(retries=5, not_found_retries=2)
+    assert await applier.apply(env.note("/gone")) is Outcome.NOT_FOUND
+    assert source.requests == ["/gone"] * 3
+    source.statuses["/forbidden"] = [403]
+    source.files["/forbidden"] = b"x"
+    assert await applier.apply(env.note("/forbidden")) is Outcome.FETCH_FAILED
+    assert source.requests.count("/forbidden") == 1  # a 403 will not change by retrying
+
+
+async def test_404_late_in_the_queue_is_not_retried_when_a_newer_change_waits(
+    env: Env, source: Source
+) -> None:
+    source.files["/v"] = b"v2"
+    applier = env.applier(retries=5)
+    stale = applier.submit(env.note("/v", "created", at(1), body=b"v1"))  # Source moved on
+    fresh = applier.submit(env.note("/v", "updated", at(2), body=b"v2"))
+    assert await stale is Outcome.SUPERSEDED
+    assert await fresh is Outcome.APPLIED
+    assert source.requests == ["/v", "/v"]  # no retries for the superseded change
+    assert await env.outcomes("/v") == ["superseded", "applied"]
+    assert Outcome.SUPERSEDED.done and not Outcome.HASH_MISMATCH.done
+
+
+# --- deletes, metadata only, hooks --------------------------------------------------
+
+
+async def test_deletes(env: Env, source: Source) -> None:
+    source.files["/x"] = b"x"
+    applier = env.applier(hooks=env.recording_hooks())
+    assert await applier.apply(env.note("/x", body=b"x", when=at(1))) is Outcome.APPLIED
+    assert await applier.apply(env.note("/x", "deleted", at(2))) is Outcome.DELETED
+    assert not env.path("/x").exists()
+    assert await applier.apply(env.note("/never-seen", "deleted", at(2))) is Outcome.DELETED
+    assert await applier.apply(env.note("/never-seen", "created", at(1))) is (
+        Outcome.SKIPPED_ALREADY_APPLIED
+    )  # a late create does not resurrect a deleted resource
+    assert source.requests == ["/x"]
+    assert [(kind, path) for kind, _, path in env.events] == [
+        ("created", env.path("/x")),
+        ("deleted", env.path("/x")),
+        ("deleted", env.path("/never-seen")),
+    ]
+
+
+async def test_metadata_only_records_without_fetching(env: Env, source: Source) -> None:
+    applier = env.applier(metadata_only=True, hooks=env.recording_hooks())
+    created = env.note("/m", body=b"never fetched", when=at(1))
+    assert await applier.apply(created) is Outcome.RECORDED
+    assert await applier.apply(created) is Outcome.SKIPPED_ALREADY_APPLIED
+    assert await applier.apply(env.note("/m", "deleted", at(2))) is Outcome.RECORDED
+    assert source.requests == []
+    assert not env.path("/m").exists()
+    state = await env.store.get(created.loc)
+    assert state is not None and state.change is ChangeType.DELETED
+    assert [kind for kind, _, _ in env.events] == ["created", "deleted"]
+    assert await env.outcomes("/m") == ["recorded", "skipped_already_applied", "recorded"]
+
+
+async def test_hooks_get_change_and_path_and_their_errors_are_not_fatal(
+    env: Env, source: Source, caplog: pytest.LogCaptureFixture
+) -> None:
+    source.files["/k"] = b"k"
+    seen: list[tuple[str, Path, bool]] = []
+
+    class Broken:
+        def on_created(self, change: Notification, path: Path) -> None:
+            seen.append((change.loc, path, path.exists()))
+            raise RuntimeError("hook bug")
+
+        async def on_updated(self, change: Notification, path: Path) -> None:
+            seen.append((change.loc, path, path.read_bytes() == b"k2"))
+
+    applier = env.applier(hooks=Broken())
+    assert await applier.apply(env.note("/k", when=at(1))) is Outcome.APPLIED
+    source.files["/k"] = b"k2"
+    assert await applier.apply(env.note("/k", "updated", at(2))) is Outcome.APPLIED
+    assert await applier.apply(env.note("/k", "deleted", at(3))) is Outcome.DELETED  # no hook
+    loc = source.url("/k")
+    assert seen == [(loc, env.path("/k"), True), (loc, env.path("/k"), True)]
+    assert "on_created hook failed" in caplog.text
+
+
+# --- filesystem refusals --------------------------------------------------------------
+
+
+async def test_symlink_escape_is_refused(env: Env, source: Source, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    host_dir = env.path("/anything").parent
+    host_dir.mkdir(parents=True)
+    (host_dir / "docs").symlink_to(outside, target_is_directory=True)
+    source.files["/docs/evil.txt"] = b"written outside?"
+    applier = env.applier()
+    assert await applier.apply(env.note("/docs/evil.txt")) is Outcome.UNSAFE_PATH
+    (outside / "keep.txt").write_bytes(b"keep")
+    assert await applier.apply(env.note("/docs/keep.txt", "deleted", at(1))) is (
+        Outcome.UNSAFE_PATH
+    )
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert source.requests.count("/docs/evil.txt") == 1  # refused, not retried
+
+
+async def test_file_directory_conflict_is_reported(env: Env, source: Source) -> None:
+    source.files["/a"] = b"file"
+    source.files["/a/b"] = b"under"
+    applier = env.applier()
+    assert await applier.apply(env.note("/a")) is Outcome.APPLIED
+    assert await applier.apply(env.note("/a/b")) is Outcome.PATH_CONFLICT
+    assert env.path("/a").read_bytes() == b"file"
+
+
+# --- ordering and concurrency ---------------------------------------------------------
+
+
+async def test_changes_of_one_resource_apply_in_submission_order(env: Env, source: Source) -> None:
+    source.files["/hot"] = b"current"
+    others = [f"/cold/{i}" for i in range(24)]
+    for path in others:
+        source.files[path] = path.encode()
+    gate = source.gates["/hot"] = asyncio.Event()  # hold the first fetch of /hot
+    applier = env.applier(concurrency=4, hooks=env.recording_hooks())
+
+    hot = [
+        applier.submit(env.note("/hot", "created", at(1))),
+        applier.submit(env.note("/hot", "updated", at(2))),
+        applier.submit(env.note("/hot", "deleted", at(3))),
+        applier.submit(env.note("/hot", "created", at(4))),
+    ]
+    cold = [applier.submit(env.note(p, body=p.encode(), when=at(1))) for p in others]
+    assert applier.pending == len(hot) + len(cold)
+    # Every other resource finishes while the first change of /hot is stuck, so its
+    # later changes had every chance to overtake it, had ordering not been enforced.
+    assert await asyncio.wait_for(asyncio.gather(*cold), 10) == [Outcome.APPLIED] * len(cold)
+    assert not any(f.done() for f in hot)
+    gate.set()
+    await asyncio.wait_for(applier.drain(), 10)
+    assert applier.pending == 0
+    assert [f.result() for f in hot] == [
+        Outcome.APPLIED,
+        Outcome.APPLIED,
+        Outcome.DELETED,
+        Outcome.APPLIED,
+    ]
+    hot_loc = source.url("/hot")
+    assert [kind for kind, loc, _ in env.events if loc == hot_loc] == [
+        "created",
+        "updated",
+        "deleted",
+        "created",
+    ]
+    assert [r.datetime for r in await env.store.apply_log(hot_loc)] == [at(i) for i in (1, 2, 3, 4)]
+    assert env.path("/hot").read_bytes() == b"current"
+    await assert_never_backwards(env.store)
+
+
+async def test_different_resources_run_concurrently_up_to_the_limit(
+    env: Env, source: Source
+) -> None:
+    limit = 3
+    paths = [f"/c/{i}" for i in range(7)]
+    gate = asyncio.Event()
+    for path in paths:
+        source.files[path] = b"c"
+        source.gates[path] = gate
+    applier = env.applier(concurrency=limit)
+    futures = [applier.submit(env.note(p)) for p in paths]
+    # Opens only if `limit` fetches are in flight at once; a serial applier never gets here.
+    await async_wait_for(lambda: source.in_flight == limit, message="fetches not concurrent")
+    gate.set()
+    assert await asyncio.wait_for(asyncio.gather(*futures), 10) == [Outcome.APPLIED] * len(paths)
+    assert source.max_in_flight == limit
+
+
+async def test_drain_with_nothing_pending_returns(env: Env) -> None:
+    applier = env.applier()
+    await asyncio.wait_for(applier.drain(), 1)
+    assert applier.pending == 0
+
+
+async def test_local_failures_are_raised_not_reported_as_outcomes(env: Env, source: Source) -> None:
+    source.files["/l"] = b"l"
+    applier = env.applier()
+    await env.store.close()  # the Destination's own state is unusable
+    future = applier.submit(env.note("/l"))
+    with pytest.raises(ResourceStoreError):
+        await asyncio.wait_for(applier.drain(), 5)
+    with pytest.raises(ResourceStoreError):
+        future.result()
+    assert source.requests == []
+
+
+# --- the resource store on its own ------------------------------------------------------
+
+
+async def test_store_state_never_moves_backwards(tmp_path: Path) -> None:
+    store = ResourceStore(tmp_path / "r.sqlite")
+    try:
+        assert await store.record_applied("http://s/a", "updated", at(2), sha256="b") is True
+        assert await store.record_applied("http://s/a", "created", at(1), sha256="a") is False
+        state = await store.get("http://s/a")
+        assert state is not None and (state.change, state.sha256) == (ChangeType.UPDATED, "b")
+        await store.record_outcome("http://s/b", "deleted", at(1), outcome="not_found")
+        assert await store.get("http://s/b") is None
+        assert [(r.loc, r.outcome) for r in await store.apply_log()] == [
+            ("http://s/a", "applied"),
+            ("http://s/a", "applied"),
+            ("http://s/b", "not_found"),
+        ]
+        assert await store.count() == 1
+    finally:
+        await store.close()
+
+
+def test_store_refuses_an_unusable_path(tmp_path: Path) -> None:
+    with pytest.raises(ResourceStoreError):
+        ResourceStore(tmp_path)  # a directory
