@@ -19,11 +19,9 @@ from . import __version__
 COMMANDS: list[tuple[str, str, str]] = [
     ("inspect", "rsnotify.commands.inspect", "read a ResourceSync document and describe it"),
     ("simulate", "rsnotify.simulator.command", "serve a changing ResourceSync Source over HTTP"),
-    (
-        "publish",
-        "rsnotify.publisher.command",
-        "watch a Source; log and push every new Change List entry",
-    ),
+    ("publish", "rsnotify.publisher.command", "watch a Source; log and push every new entry"),
+    ("subscribe", "rsnotify.subscriber.command", "mirror a Source: baseline, push, catch-up"),
+    ("audit", "rsnotify.commands.audit", "compare a mirror with the Source's Resource List"),
 ]
 
 

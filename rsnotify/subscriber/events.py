@@ -61,8 +61,15 @@ class TooOld:
 
 
 @dataclass(frozen=True, slots=True)
+class Invalid:
+    """A frame that could not be read at all (it was *something*: assume a gap)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Overflow:
     """The channel dropped events because the engine's queue was full."""
 
 
-Event = Message | Head | Connected | Disconnected | Skipped | TooOld | Overflow
+Event = Message | Head | Connected | Disconnected | Skipped | TooOld | Invalid | Overflow

@@ -89,6 +89,7 @@ class CollectionSync:
         replay: Callable[[int | None], Awaitable[int]] | None = None,
         on_applied: Callable[[Notification, float, float], None] | None = None,
         on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
+        resourcelist_url: str | None = None,
         tick: float = 0.5,
     ) -> None:
         self.collection = collection
@@ -102,6 +103,7 @@ class CollectionSync:
         self.on_applied = on_applied
         self.on_event = on_event
         self.tick = tick
+        self.resourcelist_url = resourcelist_url
         self.queue: asyncio.Queue[ev.Event] = asyncio.Queue(QUEUE_SIZE)
         self.stats = SyncStats()
         self._pending: deque[_Pending] = deque()
@@ -349,6 +351,8 @@ class CollectionSync:
         if isinstance(event, ev.TooOld):
             self._replay_refused = True  # the next catch-up walks the Change Lists
             return Gap(f"log no longer holds seq {event.since + 1} (earliest {event.earliest})")
+        if isinstance(event, ev.Invalid):
+            return self.detector.on_invalid(event.reason)
         if isinstance(event, ev.Overflow):
             return Gap("event queue overflow")
         if isinstance(event, ev.Disconnected):
@@ -357,6 +361,8 @@ class CollectionSync:
 
     async def start(self, baseline: Callable[[], Any] | None) -> None:
         """Load the cursor, baseline if this is the first run, catch up, then go live."""
+        self._pending.clear()
+        self.failure = None
         self._committer = asyncio.create_task(self._commit_loop())
         cursor = await self.load()
         if cursor is None or not cursor.baseline_done:

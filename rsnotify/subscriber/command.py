@@ -1,0 +1,138 @@
+"""``rsnotify subscribe SOURCE --into DIR``: the command-line front of :mod:`.service`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+from ..logs import setup as setup_logging
+from . import service
+from .service import SubscriberConfig
+
+NAME = "subscribe"
+HELP = "mirror a ResourceSync Source: baseline, then apply pushed changes, catching up on gaps"
+
+
+def parse_secrets(values: list[str]) -> dict[str, bytes] | None:
+    """``--secret KEYID=SECRET`` (repeatable, for rotation) or a bare secret (key id k1)."""
+    if not values:
+        return None
+    keys: dict[str, bytes] = {}
+    for value in values:
+        key_id, sep, secret = value.partition("=")
+        if sep and key_id and ":" not in key_id:
+            keys[key_id] = secret.encode()
+        else:
+            keys["k1"] = value.encode()
+    return keys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "source", metavar="SOURCE", help="the Source's base URL or a Capability List URL"
+    )
+    parser.add_argument("--into", required=True, metavar="DIR", help="the mirror directory")
+    parser.add_argument(
+        "--state",
+        metavar="DIR",
+        help="cursor and resource state (default: .<DIR>.rsnotify beside DIR)",
+    )
+    parser.add_argument(
+        "--via",
+        metavar="URL",
+        help="push channel (mqtt://host:port or ws://host:port); default: the advertised hub",
+    )
+    parser.add_argument(
+        "--collection",
+        action="append",
+        default=[],
+        metavar="URL|ID",
+        help="follow only these (repeatable)",
+    )
+    parser.add_argument(
+        "--topic-prefix", help="MQTT topic prefix (default: from the advertised hub)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=8, help="resources fetched at once (default 8)"
+    )
+    parser.add_argument(
+        "--metadata-only", action="store_true", help="record changes without fetching resources"
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="catch up to the Source's current state and exit"
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=30.0,
+        help="seconds without a heartbeat before catching up",
+    )
+    parser.add_argument(
+        "--safety-poll",
+        type=float,
+        default=300.0,
+        help="seconds between safety polls of the Change Lists",
+    )
+    parser.add_argument(
+        "--secret",
+        action="append",
+        default=[s for s in [os.environ.get("RSNOTIFY_SECRET")] if s],
+        metavar="[KEYID=]SECRET",
+        help="require notifications signed with this secret (repeat for key rotation)",
+    )
+    parser.add_argument(
+        "--ws-token",
+        default=os.environ.get("RSNOTIFY_WS_TOKEN"),
+        help="bearer token for the WebSocket gateway",
+    )
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="also fetch from this origin (mirrors)",
+    )
+    parser.add_argument(
+        "--on-change",
+        metavar="CMD",
+        help="run CMD per applied change (RSNOTIFY_CHANGE, _LOC, _PATH, _DATETIME, _SEQ)",
+    )
+    parser.add_argument(
+        "--retries", type=int, default=5, help="retries per change on fixity or transient errors"
+    )
+    parser.add_argument("--name", help="subscriber name in metrics and the dashboard")
+    parser.add_argument("--mqtt-ca", metavar="FILE")
+    parser.add_argument("--mqtt-insecure", action="store_true")
+    parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--metrics-host", default="127.0.0.1")
+    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level, args.log_format)
+    config = SubscriberConfig(
+        source=args.source,
+        into=args.into,
+        state=args.state,
+        via=args.via,
+        collections=args.collection,
+        topic_prefix=args.topic_prefix,
+        concurrency=args.concurrency,
+        metadata_only=args.metadata_only,
+        once=args.once,
+        heartbeat_timeout=args.heartbeat_timeout,
+        safety_poll=args.safety_poll,
+        secrets=parse_secrets(args.secret),
+        ws_token=args.ws_token,
+        allow_origins=args.allow_origin,
+        on_change=args.on_change,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        name=args.name,
+        mqtt_tls_ca=args.mqtt_ca,
+        mqtt_tls_insecure=args.mqtt_insecure,
+        retries=args.retries,
+    )
+    return asyncio.run(service.run(config))

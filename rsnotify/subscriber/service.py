@@ -1,0 +1,372 @@
+"""The subscriber process: discovery, state, mirror, channels and one engine per collection.
+
+Start-up order matters and is the same every time (see :mod:`.sync`):
+discover the Source and its channels, take the state lock, open channels
+(so notifications start queueing), then per collection baseline if needed,
+catch up from the Change List Index, and consume the queue live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from .. import discovery, w3cdt
+from ..backoff import Backoff
+from ..collection import collection_id
+from ..envelope import Notification
+from ..errors import RsNotifyError
+from ..fetch import Fetcher, origin_of
+from ..metrics import metrics_app, serve
+from ..model import Capability
+from ..publisher.access import HttpAccess
+from ..publisher.watcher import CollectionWatcher
+from ..tracker import Checkpoint
+from .applier import Applier, Hooks
+from .baseline import baseline
+from .channels import MqttChannel, WebSocketChannel
+from .cursor import CursorStore, StateLock
+from .gaps import GapDetector
+from .mirror import Mirror
+from .resources import ResourceStore
+from .sync import CollectionSync
+from .telemetry import SubscriberMetrics
+
+log = logging.getLogger("rsnotify.subscribe")
+
+
+@dataclass(slots=True)
+class SubscriberConfig:
+    source: str
+    into: str
+    state: str | None = None
+    via: str | None = None  # mqtt://... or ws://...; default: the advertised hub
+    collections: Sequence[str] = ()
+    topic_prefix: str | None = None
+    concurrency: int = 8
+    metadata_only: bool = False
+    once: bool = False
+    heartbeat_timeout: float = 30.0
+    safety_poll: float = 300.0
+    secrets: dict[str, bytes] | None = None  # key id -> secret; None: accept unsigned
+    ws_token: str | None = None
+    allow_origins: Sequence[str] = ()
+    on_change: str | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    name: str | None = None  # subscriber name in telemetry
+    mqtt_tls_ca: str | None = None
+    mqtt_tls_insecure: bool = False
+    retries: int = 5
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def default_state_dir(into: str) -> Path:
+    """``<DIR's parent>/.<DIR's name>.rsnotify``: beside the mirror, never inside it."""
+    target = Path(into).resolve()
+    return target.parent / f".{target.name}.rsnotify"
+
+
+class _CommandHooks(Hooks):
+    """``--on-change CMD``: run a shell command per applied change, with the change in env."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__(self._run, self._run, self._run)
+        self.argv = shlex.split(command)
+
+    async def _run(self, change: Any, path: Path) -> None:
+        env = dict(os.environ)
+        env.update(
+            RSNOTIFY_CHANGE=str(getattr(change, "change", "")),
+            RSNOTIFY_LOC=str(change.loc),
+            RSNOTIFY_PATH=str(path),
+            RSNOTIFY_DATETIME=w3cdt.format(getattr(change, "datetime", None) or w3cdt.now()),
+            RSNOTIFY_SEQ=str(getattr(change, "seq", "") or ""),
+        )
+        process = await asyncio.create_subprocess_exec(*self.argv, env=env)
+        code = await process.wait()
+        if code != 0:
+            log.warning("--on-change exited %d for %s", code, change.loc)
+
+
+def _channel_for(via: str) -> str:
+    scheme = urlsplit(via).scheme
+    if scheme in ("mqtt", "mqtts"):
+        return "mqtt"
+    if scheme in ("ws", "wss"):
+        return "ws"
+    raise RsNotifyError(f"{via}: a channel must be mqtt://, mqtts://, ws:// or wss://")
+
+
+class Subscriber:
+    def __init__(self, config: SubscriberConfig) -> None:
+        self.config = config
+        self.state_dir = Path(config.state) if config.state else default_state_dir(config.into)
+        self.metrics = SubscriberMetrics(config.name or Path(config.into).name)
+        self.engines: dict[str, CollectionSync] = {}
+        self._lock = StateLock(self.state_dir)
+        self._fetcher: Fetcher | None = None
+        self._cursors: CursorStore | None = None
+        self._resources: ResourceStore | None = None
+        self._channels: list[Any] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._metrics_runner: Any = None
+        self.metrics_port: int | None = None
+        self.stopping = asyncio.Event()
+
+    async def _discover(self) -> discovery.SourceInfo:
+        assert self._fetcher is not None
+        backoff = Backoff(maximum=10.0)
+        while True:
+            try:
+                return await discovery.discover(self.config.source, self._fetcher)
+            except RsNotifyError as exc:
+                if self.config.once or self.stopping.is_set():
+                    raise
+                delay = backoff.next()
+                log.warning("discovery failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+
+    def _hub_for(self, hubs: Sequence[Any], collection: str) -> str | None:
+        """The channel URL to use: --via, else an advertised hub (WebSocket first: it replays)."""
+        if self.config.via:
+            return self.config.via
+        ranked = sorted(
+            (h.href for h in hubs if urlsplit(h.href).scheme in ("ws", "wss", "mqtt", "mqtts")),
+            key=lambda href: urlsplit(href).scheme not in ("ws", "wss"),
+        )
+        return ranked[0] if ranked else None
+
+    async def start(self) -> None:
+        config = self.config
+        Path(config.into).mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        mirror = Mirror(config.into)
+        removed = mirror.cleanup_temp()
+        if removed:
+            log.info("removed %d temporary file(s) left by an interrupted write", removed)
+        self._cursors = CursorStore(self.state_dir / "cursor.sqlite3")
+        self._resources = ResourceStore(self.state_dir / "resources.sqlite3")
+        self._fetcher = Fetcher()
+        if config.metrics_port is not None:
+            self._metrics_runner, self.metrics_port = await serve(
+                metrics_app(self.metrics.registry), config.metrics_host, config.metrics_port
+            )
+        info = await self._discover()
+        allowed = {origin_of(config.source)} | {origin_of(o) for o in config.allow_origins}
+        hooks = _CommandHooks(config.on_change) if config.on_change else None
+        applier = Applier(
+            mirror,
+            self._resources,
+            self._fetcher,
+            allowed_origins=allowed,
+            concurrency=config.concurrency,
+            metadata_only=config.metadata_only,
+            hooks=hooks,
+            retries=config.retries,
+        )
+        mqtt_sinks: dict[str, Any] = {}
+        mqtt_url: str | None = None
+        wanted = set(config.collections)
+        for cap in info.capability_lists:
+            cid = collection_id(cap.url)
+            if wanted and cap.url not in wanted and cid not in wanted:
+                continue
+            changelist = cap.capabilities.get(Capability.CHANGELIST)
+            if changelist is None:
+                log.warning("%s offers no Change List; skipped", cap.url)
+                continue
+            watcher = CollectionWatcher(
+                access=HttpAccess(self._fetcher),
+                collection=cid,
+                capability_list=cap.url,
+                changelist_url=changelist,
+                checkpoint=Checkpoint(started=True),
+            )
+            engine = CollectionSync(
+                collection=cid,
+                capability_list=cap.url,
+                watcher=watcher,
+                applier=applier,
+                cursors=self._cursors,
+                detector=GapDetector(
+                    heartbeat_timeout=config.heartbeat_timeout,
+                    safety_interval=config.safety_poll,
+                    now=time.monotonic(),
+                ),
+                keys=config.secrets,
+                on_applied=self._telemetry(cid),
+                on_event=self._event_recorder(cid),
+                resourcelist_url=cap.capabilities.get(Capability.RESOURCELIST),
+            )
+            self.engines[cid] = engine
+            if config.once:
+                continue
+            hub = self._hub_for(cap.hubs, cid)
+            if hub is None:
+                log.warning("%s advertises no push channel: polling only (give --via)", cap.url)
+                continue
+            if _channel_for(hub) == "ws":
+                channel = WebSocketChannel(
+                    hub,
+                    cid,
+                    engine.offer,
+                    since=lambda e=engine: e.applied_seq,
+                    token=config.ws_token,
+                )
+                engine.replay = channel.replay
+                self._channels.append(channel)
+                self.metrics.transport.labels(cid).info({"transport": "websocket"})
+            else:
+                mqtt_url = mqtt_url or hub
+                mqtt_sinks[cid] = engine.offer
+                self.metrics.transport.labels(cid).info({"transport": "mqtt"})
+        if not self.engines:
+            raise RsNotifyError(f"{config.source}: no Capability List with a Change List to follow")
+        if mqtt_sinks and mqtt_url is not None:
+            broker = urlsplit(mqtt_url)
+            prefix = config.topic_prefix
+            if prefix is None:  # from the advertised topic: <prefix>/<collection>/changes
+                topic = broker.path.lstrip("/")
+                prefix = topic.split("/")[0] if topic else "resourcesync"
+            url = f"{broker.scheme}://{broker.netloc}"
+            client_id = f"rsnotify-sub-{collection_id(str(Path(config.into).resolve()))}"
+            self._channels.append(
+                MqttChannel(
+                    url,
+                    mqtt_sinks,
+                    topic_prefix=prefix,
+                    client_id=client_id[:64],
+                    tls_ca=config.mqtt_tls_ca,
+                    tls_insecure=config.mqtt_tls_insecure,
+                )
+            )
+        # Channels first, so nothing published during the catch-up is missed.
+        for channel in self._channels:
+            channel.start()
+
+    def _telemetry(self, collection: str):  # type: ignore[no-untyped-def]
+        def on_applied(n: Notification, received: float, applied: float) -> None:
+            self.metrics.observe(collection, n, received, applied)
+
+        return on_applied
+
+    def _event_recorder(self, collection: str):  # type: ignore[no-untyped-def]
+        def on_event(kind: str, detail: str, data: dict[str, Any]) -> None:
+            self.metrics.event(collection, kind)
+            if self._cursors is not None:
+                task = asyncio.get_running_loop().create_task(
+                    self._cursors.event(collection, kind, detail)
+                )
+                self._tasks.append(task)
+
+        return on_event
+
+    async def _baseline_for(self, engine: CollectionSync) -> Any:
+        url = engine.resourcelist_url
+        if url is None:
+            log.warning("%s: no Resource List; starting from the Change Lists", engine.collection)
+            return None
+        assert self._fetcher is not None
+        summary = await baseline(self._fetcher, engine.applier, url, collection=engine.collection)
+        print(f"rsnotify subscribe: {engine.collection}: {summary.line()}", flush=True)
+        return summary.at
+
+    async def _run_engine(self, engine: CollectionSync) -> None:
+        """Run one collection; after a local failure, restart it from the durable cursor."""
+        backoff = Backoff(maximum=30.0)
+        while True:
+            try:
+                await engine.start(lambda e=engine: self._baseline_for(e))
+                self.metrics.state(engine.collection, "live")
+                print(f"rsnotify subscribe: {engine.collection}: live", flush=True)
+                await engine.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                delay = backoff.next()
+                log.error(
+                    "%s: %s; restarting from the saved cursor in %.1fs",
+                    engine.collection,
+                    exc,
+                    delay,
+                    exc_info=not isinstance(exc, RsNotifyError),
+                )
+                await engine.close()
+                engine.failure = None
+                await asyncio.sleep(delay)
+
+    async def run_once(self) -> int:
+        """Catch every collection up to the Source's current state, then return."""
+        for engine in self.engines.values():
+            await engine.start(lambda e=engine: self._baseline_for(e))
+            await engine.close()
+            print(
+                f"rsnotify subscribe: {engine.collection}: up to date "
+                f"({engine.stats.applied} applied, {engine.stats.failed} failed)",
+                flush=True,
+            )
+        return 1 if any(e.stats.failed for e in self.engines.values()) else 0
+
+    async def run_forever(self) -> None:
+        for engine in self.engines.values():
+            self._tasks.append(asyncio.create_task(self._run_engine(engine)))
+        await self.stopping.wait()
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        for channel in self._channels:
+            with contextlib.suppress(Exception):
+                await channel.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for engine in self.engines.values():
+            await engine.close()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+        if self._fetcher is not None:
+            await self._fetcher.close()
+        if self._cursors is not None:
+            await self._cursors.close()
+        if self._resources is not None:
+            await self._resources.close()
+        self._lock.release()
+
+
+async def run(config: SubscriberConfig) -> int:
+    subscriber = Subscriber(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, subscriber.stopping.set)
+    try:
+        await subscriber.start()
+        names = ", ".join(subscriber.engines)
+        print(f"rsnotify subscribe: following {names} into {config.into}", flush=True)
+        if subscriber.metrics_port is not None:
+            print(
+                f"rsnotify subscribe: metrics http://{config.metrics_host}:"
+                f"{subscriber.metrics_port}/metrics",
+                flush=True,
+            )
+        if config.once:
+            return await subscriber.run_once()
+        await subscriber.run_forever()
+        return 0
+    except RsNotifyError as exc:
+        log.error("%s", exc)
+        print(f"rsnotify subscribe: {exc}", flush=True)
+        return 1
+    finally:
+        await subscriber.stop()

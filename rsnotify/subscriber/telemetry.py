@@ -1,0 +1,94 @@
+"""Subscriber metrics: end-to-end latency by stage, lag, gaps (Prometheus).
+
+Stages of one change, from the timestamps the envelope carries:
+``detect`` (change time in the Change List -> publisher detected it),
+``publish`` (detected -> sent on the transport), ``deliver`` (sent ->
+received here) and ``apply`` (received -> on disk).  ``e2e`` is change time
+-> applied.  Clocks of Source, publisher and Destination differ; negative
+stage values are clamped to zero and the dashboard says so.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from ..envelope import Notification
+from ..metrics import LATENCY_BUCKETS
+
+
+class SubscriberMetrics:
+    def __init__(self, subscriber: str) -> None:
+        self.subscriber = subscriber
+        self.registry = CollectorRegistry()
+        r = self.registry
+        labels = ["collection", "subscriber"]
+        self.e2e = Histogram(
+            "rsnotify_e2e_latency_seconds",
+            "Change time in the Change List to applied in the mirror",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "rsnotify_stage_latency_seconds",
+            "Latency of one stage: detect, publish, deliver, apply",
+            [*labels, "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.applied = Counter("rsnotify_applied_total", "Changes applied", labels, registry=r)
+        self.events = Counter(
+            "rsnotify_subscriber_events_total",
+            "Gaps, catch-ups, replays, reconnects",
+            [*labels, "kind"],
+            registry=r,
+        )
+        self.cursor = Gauge(
+            "rsnotify_subscriber_cursor", "Last sequence number applied", labels, registry=r
+        )
+        self.lag = Gauge(
+            "rsnotify_subscriber_lag_seconds",
+            "Now minus the change time of the last change applied",
+            labels,
+            registry=r,
+        )
+        self.state_info = Gauge(
+            "rsnotify_subscriber_live",
+            "1 when live, 0 when catching up or offline",
+            labels,
+            registry=r,
+        )
+        self.transport = Info(
+            "rsnotify_subscriber_transport", "Push channel in use", ["collection"], registry=r
+        )
+
+    def observe(self, collection: str, n: Notification, received: float, applied: float) -> None:
+        labels = (collection, self.subscriber)
+        changed = n.datetime.timestamp()
+        self.applied.labels(*labels).inc()
+        self.e2e.labels(*labels).observe(max(0.0, applied - changed))
+        detected = n.detected.timestamp() if n.detected is not None else None
+        published = n.published.timestamp() if n.published is not None else None
+        stages = {"apply": applied - received}
+        if detected is not None:
+            stages["detect"] = detected - changed
+            if published is not None:
+                stages["publish"] = published - detected
+        if published is not None:
+            stages["deliver"] = received - published
+        for stage, seconds in stages.items():
+            self.stage.labels(*labels, stage).observe(max(0.0, seconds))
+        self.cursor.labels(*labels).set(n.seq)
+        self.lag.labels(*labels).set(max(0.0, time.time() - changed))
+
+    def event(self, collection: str, kind: str) -> None:
+        self.events.labels(collection, self.subscriber, kind).inc()
+        if kind == "gap":
+            self.state_info.labels(collection, self.subscriber).set(0)
+        elif kind in ("catch-up", "replay"):
+            self.state_info.labels(collection, self.subscriber).set(1)
+
+    def state(self, collection: str, state: str) -> None:
+        self.state_info.labels(collection, self.subscriber).set(1 if state == "live" else 0)
