@@ -67,6 +67,15 @@ Source = bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
 MAX_ENTRIES_PER_DOCUMENT = 50_000  # Sitemap protocol limit (section 7)
 MAX_DOCUMENT_BYTES = 50_000_000  # 50 MB, the Sitemap protocol limit
 _MAX_PROLOG_BYTES = 1 << 20  # the XML declaration and comments before the root
+# No ResourceSync tag or text run comes near these; libxml2 would buffer (and then
+# expand into nodes) whatever lies between two '>' however long, and keeps every
+# element of an unfinished subtree, so both bound what a hostile document costs.
+_MAX_MARKUP_GAP = 1 << 20  # bytes without a '>'
+_MAX_OPEN_ELEMENTS = 10_000  # elements inside one unfinished top-level element
+_UTF8_NAMES = frozenset({"utf8", "usascii", "ascii"})
+_DECLARED_ENCODING = re.compile(
+    rb"""^(?:\xef\xbb\xbf)?<\?xml\s[^>]*?encoding\s*=\s*["']([^"']*)["']"""
+)
 
 _URLSET = f"{{{SITEMAP_NS}}}urlset"
 _SITEMAPINDEX = f"{{{SITEMAP_NS}}}sitemapindex"
@@ -144,6 +153,23 @@ def _chunks(source: Source, limits: Limits) -> Iterator[bytes]:
     yield from _read_stream(source, limits)
 
 
+def _guard_markup(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Refuse a run of more than ``_MAX_MARKUP_GAP`` bytes without a ``>``.
+
+    A start tag with millions of attributes or namespace declarations is held
+    whole by libxml2 and costs twenty times its size once parsed.
+    """
+    gap = 0
+    for chunk in chunks:
+        end = chunk.rfind(b">")
+        gap = gap + len(chunk) if end < 0 else len(chunk) - end - 1
+        if gap > _MAX_MARKUP_GAP:
+            raise DocumentTooLarge(
+                f"more than {_MAX_MARKUP_GAP} bytes without a '>': a tag or text far too long"
+            )
+        yield chunk
+
+
 def _read_stream(handle: IO[bytes], limits: Limits) -> Iterator[bytes]:
     total = 0
     while True:
@@ -156,9 +182,25 @@ def _read_stream(handle: IO[bytes], limits: Limits) -> Iterator[bytes]:
         yield chunk
 
 
+def _local(tag: object) -> str:
+    """An element's local name for messages.
+
+    Not ``etree.QName``: it raises ValueError on the ``rs:md`` that lxml
+    reports for a prefix the document never declared.
+    """
+    return tag.rpartition("}")[2] if isinstance(tag, str) else str(tag)
+
+
 def _syntax_error(exc: etree.XMLSyntaxError) -> DocumentError:
     message = str(exc.msg or exc)
-    line = exc.lineno if exc.lineno else None
+    line = exc.lineno or None
+    if line is None:
+        # The feed parser stops at a fatal error (an undefined entity, say) but
+        # reports it only at close() as "no element found", without a line.
+        # The log, which lxml keeps across parsers, ends with the real cause.
+        fatals = exc.error_log.filter_from_fatals()
+        if fatals:
+            message, line = fatals[-1].message, fatals[-1].line or None
     if "depth" in message.lower():
         return DocumentTooDeep(f"element nesting too deep: {message}", line=line)
     if "amplification" in message.lower() or ("entity" in message.lower() and "loop" in message):
@@ -265,22 +307,30 @@ class DocumentReader:
         self._entry_tag = _URL
         self._entry_name = "url"
         self._partial: _Header | None = None
+        self._root: Any = None  # the main parser's root element, once started
 
     # -- raw element stream ---------------------------------------------------
 
     def _element_stream(self) -> Iterator[Any]:
         """Yield each entry element (``url``/``sitemap``) as it ends."""
-        chunks = _chunks(self._source, self._limits)
+        chunks = _guard_markup(_chunks(self._source, self._limits))
         head = self._read_root(chunks)
-        parser = etree.XMLPullParser(events=("end",), tag=(_URL, _SITEMAP), **_SAFE_PARSER_OPTIONS)
+        # "start" only to learn the root, so the sweep below can reach it.
+        parser = etree.XMLPullParser(
+            events=("start", "end"),
+            tag=(_URL, _SITEMAP, _URLSET, _SITEMAPINDEX),
+            **_SAFE_PARSER_OPTIONS,
+        )
         root = None
         try:
             parser.feed(head)
             yield from self._drain(parser)
+            self._sweep()
             for chunk in chunks:
                 parser.feed(chunk)
                 for element in self._drain(parser):
                     yield element
+                self._sweep()
             root = parser.close()
         except etree.XMLSyntaxError as exc:
             raise _syntax_error(exc) from None
@@ -288,8 +338,35 @@ class DocumentReader:
             yield element
 
     def _drain(self, parser: Any) -> Iterator[Any]:
-        for _event, element in parser.read_events():
-            yield element
+        for event, element in parser.read_events():
+            if event == "end":
+                if element is not self._root:
+                    yield element
+            elif self._root is None and element.getparent() is None:
+                self._root = element
+
+    def _sweep(self) -> None:
+        """Free what the entry events never reach, so memory stays bounded.
+
+        Every entry read so far has been handed out and removed; what remains
+        under the root are document-level ``rs:md``/``rs:ln`` (taken into the
+        header, or refused once entries have begun) and foreign elements
+        (dropped).  The last child may still be open: it is kept, but refused
+        once it holds more elements than any real entry does.
+        """
+        root = self._root
+        if root is None or not len(root):
+            return
+        last = root[-1]
+        self._root_children(root, last)
+        for count, _element in enumerate(last.iter()):
+            if count > _MAX_OPEN_ELEMENTS:
+                name = _local(last.tag)
+                raise DocumentTooLarge(
+                    f"<{name}> holds more than {_MAX_OPEN_ELEMENTS} elements",
+                    line=last.sourceline,
+                    element=name,
+                )
 
     def _drain_after(self, parser: Any, root: Any) -> Iterator[Any]:
         yield from self._drain(parser)
@@ -313,13 +390,31 @@ class DocumentReader:
                 peek.feed(chunk)
                 for _event, element in peek.read_events():
                     self._check_root(element)
+                    self._check_encoding(bytes(buffered))
                     return bytes(buffered)
                 if len(buffered) > _MAX_PROLOG_BYTES:
                     raise InvalidDocument("no root element in the first 1 MiB")
             peek.close()
         except etree.XMLSyntaxError as exc:
+            # feed() parses the whole chunk: an error further on (an entity a
+            # DOCTYPE declared, say) must not hide what the root tells us.
+            for _event, element in peek.read_events():
+                self._check_root(element)
+                break
             raise _syntax_error(exc) from None
         raise MalformedXML("empty document")
+
+    def _check_encoding(self, head: bytes) -> None:
+        """Refuse anything but UTF-8: the Sitemap protocol requires it."""
+        if head.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in head[:4]:
+            raise InvalidDocument("document is UTF-16/32; Sitemaps must be UTF-8", line=1)
+        declared = _DECLARED_ENCODING.match(head)
+        if declared:
+            name = declared.group(1).decode("ascii", "replace")
+            if name.lower().replace("-", "").replace("_", "") not in _UTF8_NAMES:
+                raise InvalidDocument(
+                    f"document declares encoding {name!r}; Sitemaps must be UTF-8", line=1
+                )
 
     def _check_root(self, element: Any) -> None:
         docinfo = element.getroottree().docinfo
@@ -329,7 +424,7 @@ class DocumentReader:
             )
         tag = element.tag
         if tag not in _ROOTS:
-            local = etree.QName(tag).localname if isinstance(tag, str) else str(tag)
+            local = _local(tag)
             if local in ("urlset", "sitemapindex"):
                 raise WrongNamespace(
                     f"<{local}> must be in the Sitemap namespace {SITEMAP_NS}",
@@ -373,12 +468,20 @@ class DocumentReader:
                 header.md = _md_fields(attrs, child.sourceline, "rs:md")
                 header.md_extra = attrs
             elif tag == _LN:
+                if self._header is not None:
+                    # The header was handed out with the first entry: a link
+                    # after it would be silently lost.
+                    raise InvalidDocument(
+                        "document-level rs:ln must come before the entries",
+                        line=child.sourceline,
+                        element="rs:ln",
+                    )
                 header.links.append(_link(dict(child.attrib), child.sourceline))
             elif isinstance(tag, str) and tag.endswith(("}md", "}ln")) and tag not in (_MD, _LN):
                 raise WrongNamespace(
                     f"{tag} is not in the ResourceSync namespace {RS_NS}",
                     line=child.sourceline,
-                    element=etree.QName(tag).localname,
+                    element=_local(tag),
                 )
             if stop is not None:
                 root.remove(child)
@@ -476,7 +579,7 @@ class DocumentReader:
             elif tag == _CHANGEFREQ:
                 changefreq = (child.text or "").strip()
         if element.tag != self._entry_tag:
-            name = etree.QName(element.tag).localname
+            name = _local(element.tag)
             raise InvalidDocument(
                 f"<{name}> does not belong in <{self._root_kind.value}>", line=line, element=name
             )
@@ -569,7 +672,19 @@ class DocumentReader:
 def parse(
     source: Source, *, limits: Limits = DEFAULT_LIMITS, allow_unordered: bool = False
 ) -> Document:
-    """Read a whole document into a typed :class:`~rsnotify.model.Document`."""
+    """Read a whole document into a typed :class:`~rsnotify.model.Document`.
+
+    Unlike the streaming reader, this holds every entry, so it enforces the
+    Sitemap limit of 50,000 entries per document unless ``limits`` sets its
+    own ``max_entries``: 50 MB of tiny hostile entries would otherwise cost
+    hundreds of megabytes.
+    """
+    if limits.max_entries is None:
+        limits = Limits(
+            max_bytes=limits.max_bytes,
+            max_entries=MAX_ENTRIES_PER_DOCUMENT,
+            chunk_size=limits.chunk_size,
+        )
     reader = DocumentReader(source, limits=limits, allow_unordered=allow_unordered)
     document = reader.header
     document.entries = list(reader)

@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta, timezone
 from .errors import InvalidDatetime
 
 _W3C = re.compile(
-    r"(?P<Y>\d{4})(?:-(?P<M>\d{2})(?:-(?P<D>\d{2})"
-    r"(?:T(?P<h>\d{2}):(?P<m>\d{2})(?::(?P<s>\d{2})(?:\.(?P<f>\d+))?)?"
-    r"(?P<tz>Z|[+-]\d{2}:\d{2}))?)?)?"
+    r"(?P<Y>[0-9]{4})(?:-(?P<M>[0-9]{2})(?:-(?P<D>[0-9]{2})"
+    r"(?:T(?P<h>[0-9]{2}):(?P<m>[0-9]{2})(?::(?P<s>[0-9]{2})(?:\.(?P<f>[0-9]+))?)?"
+    r"(?P<tz>Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9]))?)?)?"
 )
 
 
@@ -24,17 +24,20 @@ def parse(value: str) -> datetime:
     """Parse a W3C Datetime into an aware UTC datetime, or raise InvalidDatetime."""
     text = value.strip()
     # Fast path for the common full form: fromisoformat is C-fast, and the
-    # shape checks reject the ISO 8601 forms that W3C Datetime does not allow
-    # (basic format, space separator, comma fractions, missing zone).
+    # shape checks reject what W3C Datetime does not allow but fromisoformat
+    # would take (basic format, comma fractions, offsets with seconds or
+    # minutes past 59, non-ASCII digits): those fall through to the regex.
     if (
         len(text) >= 20
+        and text.isascii()
         and text[4] == "-"
         and text[7] == "-"
         and text[10] == "T"
         and text[13] == ":"
-        and (text[-1] == "Z" or text[-3] == ":")
+        and text[16] == ":"
+        and (text[19] != "." or text[20:21].isdigit())
+        and (text[-1] == "Z" or (text[-6] in "+-" and text[-3] == ":" and text[-2] in "012345"))
         and "," not in text
-        and " " not in text
     ):
         try:
             parsed = datetime.fromisoformat(text)
@@ -75,10 +78,10 @@ def format(value: datetime) -> str:
     """
     if value.tzinfo is None:
         raise ValueError("refusing to serialize a naive datetime; use an aware UTC datetime")
-    utc = value.astimezone(UTC)
-    if utc.microsecond:
-        return utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+    u = value.astimezone(UTC)
+    # Formatted by hand: strftime's %Y does not zero-pad years below 1000 on glibc.
+    text = f"{u.year:04d}-{u.month:02d}-{u.day:02d}T{u.hour:02d}:{u.minute:02d}:{u.second:02d}"
+    return f"{text}.{u.microsecond:06d}Z" if u.microsecond else f"{text}Z"
 
 
 def now() -> datetime:
