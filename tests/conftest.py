@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.services import ManagedProcess, Mosquitto, Redis, StrPath, rsnotify_command
+from rsnotify.devstack import ManagedProcess, Mosquitto, Redis, StrPath, rsnotify_command
 
 
 @pytest.fixture

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from rsnotify.devstack import async_wait_for
 from rsnotify.envelope import Notification
 from rsnotify.fetch import Fetcher
 from rsnotify.model import ChangeType, Entry, Link
 from rsnotify.subscriber.applier import Applier, Hooks, InvalidChange, Outcome
 from rsnotify.subscriber.mirror import TEMP_PREFIX, Mirror
 from rsnotify.subscriber.resources import ResourceStore, ResourceStoreError
-from tests.services import async_wait_for
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 

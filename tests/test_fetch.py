@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from rsnotify.devstack import async_wait_for, free_port
 from rsnotify.errors import DocumentTooLarge, FetchError
 from rsnotify.fetch import (
     Fetcher,
@@ -20,7 +21,6 @@ from rsnotify.fetch import (
     origin_of,
     parse_link_header,
 )
-from tests.services import async_wait_for, free_port
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes
 ETAG = '"v1"'

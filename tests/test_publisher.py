@@ -12,12 +12,12 @@ from typing import Any
 import aiohttp
 
 from rsnotify import sitemap, w3cdt
+from rsnotify.devstack import Redis, async_wait_for
 from rsnotify.log import NotificationLog
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from rsnotify.simulator.server import Simulator, SimulatorConfig
-from tests.services import Redis, async_wait_for
 
 
 @asynccontextmanager

@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import rsnotify
-from tests.services import (
+from rsnotify.devstack import (
     ManagedProcess,
     Mosquitto,
     Redis,

@@ -119,7 +119,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="URL",
         help="advertise a push channel in every Capability List as rs:ln rel=hub "
-        "({collection} is replaced by c1, c2...); repeatable",
+        "({collection} is replaced by c1, c2..., {id} by the rsnotify collection id); repeatable",
     )
     shape.add_argument(
         "--spec-version",

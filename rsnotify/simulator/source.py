@@ -66,6 +66,7 @@ from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
 from .. import w3cdt
+from ..collection import collection_id
 from ..errors import RsNotifyError
 from ..model import Capability, ChangeType, Document, Entry, Link, Root, make_document
 from . import payload
@@ -559,11 +560,16 @@ class Source:
     def capability_list(self, collection: Collection) -> Document:
         """Links ``up`` to the Source Description, plus a ``hub`` per configured push channel.
 
-        Hub templates may contain ``{collection}`` (``c1``...), so one option
-        advertises a per-collection MQTT topic or WebSocket path.
+        Hub templates may contain ``{collection}`` (``c1``...) and ``{id}`` (the
+        rsnotify collection id of this Capability List, which names its MQTT
+        topic and WebSocket path), so one option advertises every channel.
         """
         layout = self.layout
-        hubs = [Link(rel="hub", href=h.replace("{collection}", collection.name)) for h in self.hubs]
+        cid = collection_id(layout.capability_list(collection.name))
+        hubs = [
+            Link(rel="hub", href=h.replace("{collection}", collection.name).replace("{id}", cid))
+            for h in self.hubs
+        ]
         return make_document(
             Root.URLSET,
             Capability.CAPABILITYLIST,
