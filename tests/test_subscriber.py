@@ -1,0 +1,261 @@
+"""The subscriber against the real simulator, publisher, Mosquitto and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from rsnotify.commands.audit import audit
+from rsnotify.devstack import Mosquitto, Redis, async_wait_for, free_port
+from rsnotify.publisher.service import Publisher, PublisherConfig
+from rsnotify.simulator.server import Simulator, SimulatorConfig
+from rsnotify.subscriber.cursor import AlreadyRunning
+from rsnotify.subscriber.mirror import TEMP_PREFIX, path_for
+from rsnotify.subscriber.resources import ResourceStore
+from rsnotify.subscriber.service import Subscriber, SubscriberConfig, default_state_dir
+
+
+@asynccontextmanager
+async def simulator(**options: Any) -> AsyncIterator[tuple[Simulator, str]]:
+    options.setdefault("rate", 0)
+    options.setdefault("seed", 11)
+    options.setdefault("resources", 30)
+    options.setdefault("payload_bytes", 256)
+    sim = Simulator(SimulatorConfig(**options))
+    url = await sim.start()
+    try:
+        yield sim, url
+    finally:
+        await sim.stop()
+
+
+@asynccontextmanager
+async def running(cls: Any, config: Any) -> AsyncIterator[Any]:
+    service = cls(config)
+    await service.start()
+    task = asyncio.create_task(service.run_forever()) if cls is Subscriber else None
+    try:
+        yield service
+    finally:
+        if task is not None:
+            service.stopping.set()
+            await task
+        await service.stop()
+
+
+async def post(http: aiohttp.ClientSession, url: str) -> Any:
+    async with http.post(url) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def ground_truth(http: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+    async with http.get(f"{base}_simulator/state") as response:
+        return await response.json()
+
+
+def differences(state: dict[str, Any], mirror: Path) -> list[str]:
+    expected = {
+        path_for(loc, mirror): sha
+        for collection in state["collections"].values()
+        for loc, sha in collection["resources"].items()
+    }
+    found = {p for p in mirror.rglob("*") if p.is_file() and not p.name.startswith(TEMP_PREFIX)}
+    out = [f"missing {p}" for p in expected.keys() - found]
+    out += [f"extra {p}" for p in found - expected.keys()]
+    out += [
+        f"differs {p}"
+        for p in found & expected.keys()
+        if hashlib.sha256(p.read_bytes()).hexdigest() != expected[p]
+    ]
+    return out
+
+
+async def converged(http: aiohttp.ClientSession, base: str, *mirrors: Path) -> bool:
+    state = await ground_truth(http, base)
+    return all(not differences(state, m) for m in mirrors)
+
+
+async def test_once_baselines_then_catches_up_from_the_change_list_index(tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    async with (
+        simulator(changelist_size=25, paused=True) as (_sim, base),
+        aiohttp.ClientSession() as http,
+    ):
+        await post(http, f"{base}_simulator/advance?n=60")
+        config = SubscriberConfig(source=base, into=str(mirror), once=True)
+        sub = Subscriber(config)
+        await sub.start()
+        assert await sub.run_once() == 0
+        await sub.stop()
+        assert differences(await ground_truth(http, base), mirror) == []
+        assert await audit(base, mirror, []) == []
+        # Later changes, across rollovers, applied from the Change Lists alone.
+        await post(http, f"{base}_simulator/advance?n=90")
+        sub = Subscriber(config)
+        await sub.start()
+        assert await sub.run_once() == 0
+        (engine,) = sub.engines.values()
+        assert engine.stats.applied + engine.stats.skipped >= 90
+        await sub.stop()
+        assert differences(await ground_truth(http, base), mirror) == []
+        # Nothing new: a third run applies nothing.
+        sub = Subscriber(config)
+        await sub.start()
+        await sub.run_once()
+        (engine,) = sub.engines.values()
+        assert engine.stats.applied == 0
+        await sub.stop()
+
+
+async def test_audit_reports_missing_changed_and_extra_files(tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    async with simulator(paused=True) as (_sim, base):
+        sub = Subscriber(SubscriberConfig(source=base, into=str(mirror), once=True))
+        await sub.start()
+        await sub.run_once()
+        await sub.stop()
+        files = sorted(p for p in mirror.rglob("*") if p.is_file())
+        files[0].unlink()
+        files[1].write_bytes(b"tampered")
+        (files[2].parent / "stray.txt").write_bytes(b"x")
+        found = await audit(base, mirror, [])
+        kinds = sorted(line.split()[0] for line in found)
+        assert kinds == ["extra", "hash", "missing"] or kinds == ["extra", "length", "missing"]
+
+
+async def test_one_subscriber_per_mirror(tmp_path: Path) -> None:
+    async with simulator(paused=True) as (_sim, base):
+        config = SubscriberConfig(source=base, into=str(tmp_path / "m"), once=True)
+        first = Subscriber(config)
+        await first.start()
+        second = Subscriber(config)
+        with pytest.raises(AlreadyRunning):
+            await second.start()
+        await first.stop()
+        assert default_state_dir(str(tmp_path / "m")) == tmp_path / ".m.rsnotify"
+
+
+@pytest.mark.parametrize("transport", ["mqtt", "ws"])
+async def test_pushed_changes_are_applied_live(
+    transport: str, tmp_path: Path, mosquitto: Mosquitto, redis_server: Redis
+) -> None:
+    """Changes reach the mirror by push: applied with their sequence numbers, no catch-up."""
+    ws_port = free_port()
+    mirror = tmp_path / "mirror"
+    async with (
+        simulator(
+            changelist_size=40,
+            paused=True,
+            collections=2,
+            hubs=(
+                f"ws://127.0.0.1:{ws_port}/{{id}}",
+                f"{mosquitto.url}/resourcesync/{{id}}/changes",
+            ),
+        ) as (_sim, base),
+        aiohttp.ClientSession() as http,
+        running(
+            Publisher,
+            PublisherConfig(
+                source=base,
+                redis=redis_server.url,
+                mqtt=mosquitto.url,
+                ws=f"127.0.0.1:{ws_port}",
+                poll=0.05,
+            ),
+        ) as pub,
+    ):
+        # The publisher has taken its starting point before anything changes.
+        await async_wait_for(
+            lambda: _all_started(pub), timeout=20, message="publisher did not start"
+        )
+        via = mosquitto.url if transport == "mqtt" else None  # ws: found from the hub links
+        config = SubscriberConfig(source=base, into=str(mirror), via=via, heartbeat_timeout=60)
+        async with running(Subscriber, config) as sub:
+            await async_wait_for(
+                lambda: all(e.stats.state == "live" for e in sub.engines.values()),
+                timeout=20,
+                message="subscriber did not go live",
+            )
+            for _ in range(4):
+                await post(http, f"{base}_simulator/advance?n=50")
+                await async_wait_for(
+                    lambda: converged(http, base, mirror), timeout=30, message="no convergence"
+                )
+            stats = [e.stats for e in sub.engines.values()]
+        assert sum(s.applied for s in stats) >= 200
+        assert all(s.catchups == 1 for s in stats), "only the start-up catch-up was needed"
+        store = ResourceStore(default_state_dir(str(mirror)) / "resources.sqlite3")
+        log = await store.apply_log()
+        await store.close()
+        pushed = [r for r in log if r.seq is not None]
+        assert len(pushed) >= 200, "changes were applied from notifications, with their seqs"
+
+
+async def _all_started(pub: Publisher) -> bool:
+    assert pub.log is not None
+    return all([await pub.log.checkpoint(c) is not None for c in pub.collections])
+
+
+async def test_a_forged_off_origin_notification_is_not_fetched(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """A notification pointing off the Source's origin is refused without a request."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    hits: list[str] = []
+
+    async def record(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        hits.append(request.path)
+        return aiohttp.web.Response(body=b"evil")
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/{tail:.*}", record)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    evil_port = free_port()
+    await aiohttp.web.TCPSite(runner, "127.0.0.1", evil_port).start()
+    mirror = tmp_path / "mirror"
+    try:
+        async with simulator(paused=True) as (_sim, base):
+            config = SubscriberConfig(source=base, into=str(mirror), via=mosquitto.url)
+            async with running(Subscriber, config) as sub:
+                (cid,) = sub.engines
+                engine = sub.engines[cid]
+                await async_wait_for(lambda: engine.stats.state == "live", timeout=20)
+                forged = {
+                    "v": 1,
+                    "collection": cid,
+                    "seq": 1,
+                    "capabilitylist": f"{base}c1/capabilitylist.xml",
+                    "changelist": f"{base}c1/changes/000001.xml",
+                    "loc": f"http://127.0.0.1:{evil_port}/steal",
+                    "change": "created",
+                    "datetime": "2030-01-01T00:00:00Z",
+                }
+                client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+                client.connect(mosquitto.host, mosquitto.port)
+                client.loop_start()
+                info = client.publish(f"resourcesync/{cid}/changes", json.dumps(forged), qos=1)
+                info.wait_for_publish(10)
+                client.disconnect()
+                client.loop_stop()
+                await async_wait_for(
+                    lambda: engine.stats.failed >= 1, timeout=20, message="forgery not refused"
+                )
+        assert hits == [], "the subscriber fetched from a foreign origin"
+        store = ResourceStore(default_state_dir(str(mirror)) / "resources.sqlite3")
+        outcomes = [r.outcome for r in await store.apply_log()]
+        await store.close()
+        assert "refused_origin" in outcomes
+    finally:
+        await runner.cleanup()
