@@ -1,0 +1,555 @@
+"""WebSocket transport: a gateway that tails the notification log and fans out to clients.
+
+The wire protocol (URLs, frames, close codes, what ``prev`` and ``skipped``
+promise) is specified in :mod:`.wsproto`; this module is the I/O around it,
+built on the asyncio API of ``websockets``.
+
+Everything comes from the log
+    Heads, replays and live records are read from the log only -- never from
+    a publisher in the same process -- so a gateway runs inside
+    ``rsnotify publish`` or as any number of ``--ws-only`` processes sharing
+    one Redis, and they all send the same sequence.  New collections are
+    picked up from ``log.collections()`` (periodically, and at once when a
+    client asks for one this gateway has not heard of yet).
+
+One tailer per collection
+    For each collection with clients, one task loops on ``log.wait``,
+    renders each record once (:func:`rsnotify.outbound.render`: stamp,
+    encode, sign) and keeps the last ``queue_size`` rendered records in a
+    ring.  Fan-out is setting each subscriber's wake-up event: the tailer
+    never awaits a client, so one slow reader cannot hold up anything else.
+    A tailer with no clients left ends; the next subscriber starts a new one.
+
+Clients are cursors, not copies
+    Each client has a :class:`~.wsproto.SendCursor` per collection (a few
+    integers) and a writer task that pulls from the ring.  This *is* the
+    protocol's "bounded queue of ``queue_size`` frames", with the frames
+    shared: a client that falls more than ``queue_size`` behind live is
+    skipped ahead (a ``skipped`` frame) exactly as if a private queue had
+    overflowed and been dropped -- but a thousand clients cost one ring, not
+    a thousand queues.  Per-client memory is the cursors, one frame in flight
+    and websockets' write buffer (``write_limit``), however slowly the client
+    reads.  A client that stops reading altogether is eventually closed by
+    the keepalive (``ping_interval + ping_timeout``).
+
+Replay without gaps or duplicates
+    A client with ``since=S`` starts in replay mode: it reads ``S+1...`` from
+    the log in batches, at its own pace (a replay waits for the client
+    instead of dropping), until its next seq is inside the ring, then goes on
+    from the ring.  Both sources are addressed by seq and the cursor moves
+    forward one seq at a time, so the replay/live boundary can neither lose
+    nor repeat a notification, however appends race with the connect.  The
+    ring itself stays dense: if the log trimmed records before the tailer
+    read them, the ring restarts and clients get ``skipped`` for the hole.
+
+Compression (permessage-deflate) is off: it would cost every connection its
+own zlib state and compress every shared frame once per client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import random
+import socket
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from .. import outbound
+from ..errors import RsNotifyError
+from ..log import LogRecord, LogUnavailable, NotificationLog
+from ..outbound import Signer
+from . import wsproto
+from .wsproto import InvalidSubscription, SendCursor
+
+logger = logging.getLogger(__name__)
+
+#: Records per ``log.wait`` of a tailer (capped at ``queue_size``: more would
+#: only be rendered to fall out of the ring at once).
+TAIL_BATCH = 500
+#: Records per ``log.read`` of a replaying client (bounds its memory).
+REPLAY_BATCH = 100
+#: Frames one client sends for one collection before the others get a turn.
+PUMP_BUDGET = 64
+#: Longest ``log.wait``; also how soon an idle tailer notices it has no clients.
+WAIT_TIMEOUT = 2.0
+BACKOFF_MIN = 0.1
+BACKOFF_MAX = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """One rendered record: what filters need, and the shared end of its frame."""
+
+    seq: int
+    loc: str
+    change: str
+    tail: bytes | None  # None: the record could not be rendered; sent as a one-seq skip
+
+
+class _Tailer:
+    """The live feed of one collection in one gateway: position, ring, subscribers."""
+
+    def __init__(self, collection: str, position: int, capacity: int) -> None:
+        self.collection = collection
+        self.position = position  # last seq read from the log
+        self.ring: deque[_Item] = deque(maxlen=capacity)  # dense seqs, ending at position
+        self.clients: set[_Client] = set()
+        self.healthy = True
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def window_start(self) -> int:
+        """The oldest seq still in memory (``position + 1`` when the ring is empty)."""
+        return self.ring[0].seq if self.ring else self.position + 1
+
+    def item(self, seq: int) -> _Item:
+        return self.ring[seq - self.ring[0].seq]
+
+
+@dataclass(slots=True, eq=False)
+class _Stream:
+    cursor: SendCursor
+    tailer: _Tailer
+
+
+@dataclass(eq=False)
+class _Client:
+    ws: ServerConnection
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    streams: list[_Stream] = field(default_factory=list)
+
+
+class WebSocketGateway:
+    """Serve the notification log over WebSocket (protocol: :mod:`.wsproto`).
+
+    ``on_client_change`` is called with the number of connected clients
+    whenever it changes (e.g. to set a Prometheus gauge).  Bind to an IP
+    address: with ``port=0`` and a host name that resolves to several
+    addresses, each socket would get a different port.
+    """
+
+    def __init__(
+        self,
+        log: NotificationLog,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        fmt: str = "json",
+        signer: Signer | None = None,
+        token: str | None = None,
+        queue_size: int = 1000,
+        ping_interval: float | None = 20.0,
+        ping_timeout: float | None = 20.0,
+        heartbeat: float = 5.0,
+        max_clients: int = 10_000,
+        server_id: str | None = None,
+        on_client_change: Callable[[int], None] | None = None,
+        write_limit: int = 64 * 1024,
+        close_timeout: float = 5.0,
+        refresh_interval: float = 10.0,
+    ) -> None:
+        if fmt not in wsproto.FORMATS:
+            raise ValueError(f"unknown notification format {fmt!r}")
+        if queue_size < 1 or max_clients < 1 or write_limit < 1:
+            raise ValueError("queue_size, max_clients and write_limit must be positive")
+        if heartbeat <= 0 or refresh_interval <= 0:
+            raise ValueError("heartbeat and refresh_interval must be positive")
+        if token is not None and not token:
+            raise ValueError("an empty token would let anyone in; pass None for no auth")
+        self.log = log
+        self.host = host
+        self.port = port
+        self.fmt = fmt
+        self.queue_size = queue_size
+        self.heartbeat = heartbeat
+        self.max_clients = max_clients
+        self.write_limit = write_limit
+        self.server_id = server_id or f"{socket.gethostname()}:{os.getpid()}"
+        self._signer = signer
+        self._token = token
+        self._ping_interval = ping_interval
+        self._ping_timeout = ping_timeout
+        self._close_timeout = close_timeout
+        self._refresh_interval = refresh_interval
+        self._on_client_change = on_client_change
+        self._server: Server | None = None
+        self._refresher: asyncio.Task[None] | None = None
+        self._refreshing: asyncio.Future[dict[str, str]] | None = None
+        self._collections: dict[str, str] = {}
+        self._tailers: dict[str, _Tailer] = {}
+        self._connections: set[ServerConnection] = set()
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind and serve; ``.port`` is the real port afterwards."""
+        if self._server is not None:
+            raise RuntimeError("gateway already started")
+        try:
+            await self._refresh()
+        except LogUnavailable as exc:
+            logger.warning("starting without the collection list (%s); will retry", exc)
+        self._server = await serve(
+            self._handle,
+            self.host,
+            self.port,
+            process_request=self._process_request,
+            compression=None,
+            ping_interval=self._ping_interval,
+            ping_timeout=self._ping_timeout,
+            close_timeout=self._close_timeout,
+            max_size=wsproto.MAX_CLIENT_FRAME_BYTES,
+            max_queue=4,
+            write_limit=self.write_limit,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._refresher = asyncio.create_task(self._refresh_loop(), name="rsnotify-ws-refresh")
+        logger.info("WebSocket gateway %s listening on %s:%d", self.server_id, self.host, self.port)
+
+    async def stop(self) -> None:
+        """Close every client with 1001 (going away), then stop the tailers."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        tasks = [self._refresher] if self._refresher is not None else []
+        for task in tasks:
+            task.cancel()
+        server.close(code=wsproto.CLOSE_GOING_AWAY)
+        await server.wait_closed()
+        tasks += [t.task for t in self._tailers.values() if t.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tailers.clear()
+
+    async def __aenter__(self) -> WebSocketGateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- state for operators and tests ------------------------------------------
+
+    @property
+    def clients(self) -> int:
+        """Connected clients (handshake done, not yet closed)."""
+        return len(self._connections)
+
+    @property
+    def collections(self) -> dict[str, str]:
+        """Collections this gateway serves: id -> Capability List URI (from the log)."""
+        return dict(self._collections)
+
+    def position(self, collection: str) -> int | None:
+        """The last seq this gateway has read for ``collection`` (None: no live tailer)."""
+        tailer = self._tailers.get(collection)
+        return tailer.position if tailer is not None else None
+
+    def buffered_bytes(self) -> int:
+        """Bytes waiting in all clients' write buffers (each bounded by ``write_limit``)."""
+        return sum(ws.transport.get_write_buffer_size() for ws in list(self._connections))
+
+    # -- handshake -----------------------------------------------------------------
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if self._token is not None and not self._authorised(request):
+            response = connection.respond(HTTPStatus.UNAUTHORIZED, "A bearer token is required.\n")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="rsnotify"'
+            return response
+        if len(self._connections) >= self.max_clients:
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "Too many clients.\n")
+        return None
+
+    def _authorised(self, request: Request) -> bool:
+        assert self._token is not None
+        headers = request.headers.get_all("Authorization")
+        if headers:
+            supplied = wsproto.bearer_token(headers[0]) if len(headers) == 1 else None
+        else:
+            supplied = wsproto.query_token(request.path)
+        if supplied is None:
+            return False
+        return hmac.compare_digest(
+            supplied.encode("utf-8", "surrogateescape"), self._token.encode("utf-8")
+        )
+
+    # -- one connection ----------------------------------------------------------
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        client = _Client(ws)
+        self._connections.add(ws)
+        self._client_count_changed()
+        try:
+            await self._serve(client)
+        except InvalidSubscription as exc:
+            frame = wsproto.error(exc.code, exc.message, collection=exc.collection)
+            await self._refuse(ws, frame, wsproto.CLOSE_POLICY_VIOLATION, exc.code)
+        except LogUnavailable as exc:
+            logger.warning("refusing a client: %s", exc)
+            frame = wsproto.error("unavailable", "the notification log is unreachable; retry")
+            await self._refuse(ws, frame, wsproto.CLOSE_TRY_AGAIN_LATER, "unavailable")
+        except ConnectionClosed:
+            pass
+        finally:
+            for stream in client.streams:
+                stream.tailer.clients.discard(client)
+            self._connections.discard(ws)
+            self._client_count_changed()
+
+    async def _refuse(self, ws: ServerConnection, frame: str, code: int, reason: str) -> None:
+        # A client that reads nothing must not keep its handler alive forever.
+        with contextlib.suppress(ConnectionClosed, TimeoutError):
+            async with asyncio.timeout(self._close_timeout):
+                await ws.send(frame)
+        await ws.close(code, reason)
+
+    async def _serve(self, client: _Client) -> None:
+        ws = client.ws
+        assert ws.request is not None  # set by the handshake
+        subscription = wsproto.parse_target(ws.request.path)
+        if subscription is None:
+            try:
+                async with asyncio.timeout(wsproto.SUBSCRIBE_TIMEOUT):
+                    message = await ws.recv()
+            except TimeoutError:
+                raise InvalidSubscription(
+                    "bad_request", f"no subscribe frame within {wsproto.SUBSCRIBE_TIMEOUT:g} s"
+                ) from None
+            subscription = wsproto.parse_subscribe(message)
+        capability_lists = {}
+        for collection in subscription.collections:
+            uri = await self._capability_list(collection)
+            if uri is None:
+                raise InvalidSubscription(
+                    "unknown_collection", "no such collection here", collection=collection
+                )
+            capability_lists[collection] = uri
+        for collection, since in subscription.collections.items():
+            await self._open_stream(
+                client, collection, since, capability_lists[collection], subscription.filter
+            )
+        await self._run(client)
+
+    async def _open_stream(
+        self,
+        client: _Client,
+        collection: str,
+        since: int | None,
+        capability_list: str,
+        filters: wsproto.Filter,
+    ) -> None:
+        # earliest before head: then earliest <= head + 1 even if a trim runs between.
+        earliest = await self.log.earliest(collection)
+        head = await self.log.head(collection)
+        if since is not None and since > head:
+            raise InvalidSubscription(
+                "since_ahead", f"since={since} is beyond the head {head}", collection=collection
+            )
+        await client.ws.send(wsproto.hello(collection, head, earliest, server=self.server_id))
+        start = head if since is None else since
+        if since is not None and since + 1 < earliest:
+            await client.ws.send(wsproto.gap_too_old(collection, since, earliest, capability_list))
+            start = head
+        tailer = self._tailer(collection, head)
+        tailer.clients.add(client)  # no await since _tailer(): an idle tailer cannot slip away
+        client.streams.append(_Stream(SendCursor(collection, filters, start, start), tailer))
+
+    async def _run(self, client: _Client) -> None:
+        writer = asyncio.create_task(self._write_loop(client))
+        reader = asyncio.create_task(self._read_loop(client.ws))
+        try:
+            await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            writer.cancel()
+            reader.cancel()
+            await asyncio.gather(writer, reader, return_exceptions=True)
+        if not writer.cancelled():
+            exc = writer.exception()
+            if exc is not None and not isinstance(exc, ConnectionClosed):
+                raise exc
+
+    async def _read_loop(self, ws: ServerConnection) -> None:
+        # Later client frames mean nothing, but reading them keeps websockets
+        # processing close frames and pongs (and bounds what a chatty client buffers).
+        with contextlib.suppress(ConnectionClosed):
+            async for _ in ws:
+                pass
+
+    async def _write_loop(self, client: _Client) -> None:
+        loop = asyncio.get_running_loop()
+        next_beat = loop.time() + self.heartbeat
+        while True:
+            client.wake.clear()
+            busy = False
+            for stream in client.streams:
+                busy = await self._pump(client.ws, stream) or busy
+            if loop.time() >= next_beat:
+                for stream in client.streams:
+                    cursor, tailer = stream.cursor, stream.tailer
+                    if tailer.healthy and cursor.position >= tailer.position:
+                        await client.ws.send(wsproto.heartbeat(cursor.collection, cursor.position))
+                next_beat = loop.time() + self.heartbeat
+            if busy:
+                await asyncio.sleep(0)  # a fast client must not starve the others
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_beat - loop.time())):
+                    await client.wake.wait()
+
+    async def _pump(self, ws: ServerConnection, stream: _Stream) -> bool:
+        """Send up to PUMP_BUDGET frames for one collection; False if there was nothing to do."""
+        cursor, tailer = stream.cursor, stream.tailer
+        for done in range(PUMP_BUDGET):
+            action = cursor.plan(tailer.window_start, tailer.position)
+            if action == wsproto.IDLE:
+                return done > 0
+            if action == wsproto.FROM_RING:
+                await self._deliver(ws, cursor, tailer.item(cursor.position + 1))
+            elif action == wsproto.SKIP:
+                first, resume = cursor.skip_to(tailer.position + 1)
+                await ws.send(wsproto.skipped(cursor.collection, first, resume))
+            else:
+                await self._replay(ws, stream)
+        return True
+
+    async def _deliver(self, ws: ServerConnection, cursor: SendCursor, item: _Item) -> None:
+        if item.tail is None:
+            first, resume = cursor.skip_to(item.seq + 1)
+            await ws.send(wsproto.skipped(cursor.collection, first, resume))
+            return
+        prev = cursor.accept(item.seq, item.loc, item.change)
+        if prev is not None:
+            frame = wsproto.notification_frame(cursor.collection, item.seq, prev, item.tail)
+            await ws.send(frame, text=True)
+
+    async def _replay(self, ws: ServerConnection, stream: _Stream) -> None:
+        """One batch from the log for a client that is behind the ring."""
+        cursor, tailer = stream.cursor, stream.tailer
+        records = await self.log.read(cursor.collection, cursor.position, limit=REPLAY_BATCH)
+        for record in records:
+            if record.seq <= cursor.position:
+                continue
+            if record.seq > cursor.position + 1:  # trimmed while we replayed
+                first, resume = cursor.skip_to(record.seq)
+                await ws.send(wsproto.skipped(cursor.collection, first, resume))
+            await self._deliver(ws, cursor, self._render(cursor.collection, record))
+        if not records:  # everything before the ring is gone from the log
+            first, resume = cursor.skip_to(tailer.window_start)
+            await ws.send(wsproto.skipped(cursor.collection, first, resume))
+
+    # -- tailers -------------------------------------------------------------------
+
+    def _tailer(self, collection: str, head: int) -> _Tailer:
+        tailer = self._tailers.get(collection)
+        if tailer is None:
+            tailer = _Tailer(collection, head, self.queue_size)
+            self._tailers[collection] = tailer
+            tailer.task = asyncio.create_task(self._tail(tailer), name=f"rsnotify-ws-{collection}")
+        return tailer
+
+    async def _tail(self, tailer: _Tailer) -> None:
+        collection = tailer.collection
+        batch = min(TAIL_BATCH, self.queue_size)
+        delay = BACKOFF_MIN
+        while tailer.clients:
+            try:
+                records = await self.log.wait(
+                    collection, tailer.position, timeout=WAIT_TIMEOUT, limit=batch
+                )
+            except Exception as exc:  # the tailer must outlive any log trouble
+                if tailer.healthy:
+                    logger.warning("%s: cannot read the log: %s", collection, exc)
+                tailer.healthy = False
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, BACKOFF_MAX)
+                continue
+            if not tailer.healthy:
+                logger.info("%s: reading the log again", collection)
+            tailer.healthy = True
+            delay = BACKOFF_MIN
+            if records:
+                self._advance(tailer, records)
+                for client in tailer.clients:
+                    client.wake.set()
+        if self._tailers.get(collection) is tailer:
+            del self._tailers[collection]
+
+    def _advance(self, tailer: _Tailer, records: Sequence[LogRecord]) -> None:
+        for record in records:
+            if record.seq <= tailer.position:
+                continue
+            if record.seq != tailer.position + 1:
+                tailer.ring.clear()  # trimmed before we read them: keep the ring dense
+            tailer.ring.append(self._render(tailer.collection, record))
+            tailer.position = record.seq
+
+    def _render(self, collection: str, record: LogRecord) -> _Item:
+        try:
+            obj: Any = json.loads(record.data)
+            loc, change = obj["loc"], obj["change"]
+            if not isinstance(loc, str) or not isinstance(change, str):
+                raise TypeError("loc and change must be strings")
+            rendered = outbound.render(record, fmt=self.fmt, signer=self._signer)
+        except (ValueError, KeyError, TypeError, RsNotifyError) as exc:
+            logger.error(
+                "%s: log record %d cannot be rendered (%s); clients are told it was skipped",
+                collection,
+                record.seq,
+                exc,
+            )
+            return _Item(record.seq, "", "", None)
+        tail = wsproto.notification_tail(self.fmt, rendered.payload, rendered.signature)
+        return _Item(record.seq, loc, change, tail)
+
+    # -- collections -------------------------------------------------------------
+
+    async def _capability_list(self, collection: str) -> str | None:
+        uri = self._collections.get(collection)
+        if uri is None:  # maybe registered since the last refresh
+            await self._refresh()
+            uri = self._collections.get(collection)
+        return uri
+
+    async def _refresh(self) -> None:
+        """Reload the collection list; concurrent callers share one query."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self.log.collections())
+            self._refreshing.add_done_callback(_retrieve)
+        self._collections = await asyncio.shield(self._refreshing)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_interval)
+            try:
+                await self._refresh()
+            except LogUnavailable as exc:
+                logger.warning("cannot refresh the collection list: %s", exc)
+            except Exception:
+                logger.exception("cannot refresh the collection list")
+
+    def _client_count_changed(self) -> None:
+        if self._on_client_change is None:
+            return
+        try:
+            self._on_client_change(len(self._connections))
+        except Exception:
+            logger.exception("on_client_change callback failed")
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a shared future's exception as seen even if every awaiter went away."""
+    if not future.cancelled():
+        future.exception()
