@@ -192,7 +192,7 @@ async def test_pushed_changes_are_applied_live(
                 )
             stats = [e.stats for e in sub.engines.values()]
         assert sum(s.applied for s in stats) >= 200
-        assert all(s.catchups == 1 for s in stats), "only the start-up catch-up was needed"
+        assert all(s.catchups == 1 for s in stats), f"only the start-up catch-up: {stats}"
         store = ResourceStore(default_state_dir(str(mirror)) / "resources.sqlite3")
         log = await store.apply_log()
         await store.close()

@@ -174,10 +174,8 @@ class RedisLog(NotificationLog):
         log, _, _ = _keys(collection)
         block_ms = max(1, int(timeout * 1000))
         try:
-            reply = await asyncio.wait_for(
-                self._blocking.xread({log: f"{after}-0"}, count=limit, block=block_ms),
-                timeout + self._socket_timeout,
-            )
+            async with asyncio.timeout(timeout + self._socket_timeout):  # see sqlite_log.wait
+                reply = await self._blocking.xread({log: f"{after}-0"}, count=limit, block=block_ms)
         except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
             raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
         if not reply:

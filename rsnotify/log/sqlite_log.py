@@ -246,8 +246,11 @@ class SQLiteLog(NotificationLog):
             if records or remaining <= 0:
                 return records
             async with condition:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                # cancellation that lands as the wait ends, hanging shutdown.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(condition.wait(), min(remaining, POLL_INTERVAL))
+                    async with asyncio.timeout(min(remaining, POLL_INTERVAL)):
+                        await condition.wait()
 
     async def trim(self, collection: str, retention: Retention, now_ms: int) -> int:
         return await self._run(self._trim, collection, retention, now_ms)

@@ -276,7 +276,8 @@ class Publisher:
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
 
     async def _retry(self, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run a log operation until the log answers (or we are stopping)."""
@@ -293,7 +294,8 @@ class Publisher:
 
     async def _wait_trigger(self, collection: _Collection) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(collection.trigger.wait(), self.config.poll)
+            async with asyncio.timeout(self.config.poll):
+                await collection.trigger.wait()
         collection.trigger.clear()
 
     async def _watch(self, collection: _Collection) -> None:

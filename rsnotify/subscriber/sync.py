@@ -381,7 +381,8 @@ class CollectionSync:
         while True:
             event: ev.Event | None = None
             with contextlib.suppress(TimeoutError):
-                event = await asyncio.wait_for(self.queue.get(), self.tick)
+                async with asyncio.timeout(self.tick):
+                    event = await self.queue.get()
             now = time.monotonic()
             gap = self._on_event(event, now) if event is not None else None
             gap = gap or self.detector.tick(now)

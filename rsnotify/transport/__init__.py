@@ -1,0 +1,32 @@
+"""Push transports: each one tails the notification log with a cursor of its own.
+
+A transport never invents or reorders sequence numbers: it reads what the
+publisher logged, renders it with :func:`rsnotify.outbound.render` and sends
+it, advancing its named log cursor only once the far side has acknowledged.
+A broker outage therefore only delays pushes; after a crash or a reconnect
+the transport resends from its cursor, so Destinations may see a sequence
+number twice (they deduplicate) but never miss one.
+
+* :mod:`.mqtt` -- MQTT 5 (3.1.1 fallback) through paho-mqtt, QoS 1, in order.
+* :mod:`.mqtturl` -- parsing ``mqtt://`` / ``mqtts://`` broker URLs.
+"""
+
+from __future__ import annotations
+
+from ..errors import RsNotifyError
+
+
+class TransportError(RsNotifyError):
+    """A push transport was misconfigured or cannot do what it was asked."""
+
+
+class InvalidBrokerURL(TransportError):
+    """A broker URL that rsnotify cannot connect to (wrong scheme, bad port, stray path)."""
+
+
+class SigningUnsupported(TransportError):
+    """Signing was asked for on a channel that cannot carry a signature (MQTT 3.1.1).
+
+    Raised instead of publishing unsigned data: a Destination that requires
+    signatures would drop every message and silently fall back to polling.
+    """
