@@ -115,6 +115,8 @@ class ResourceStore:
         self.path = Path(path)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsnotify-resources")
         self._db: sqlite3.Connection | None = None
+        self._queue: list[tuple[tuple[Any, ...], bool, asyncio.Future[bool]]] = []
+        self._flusher: asyncio.Task[None] | None = None
         try:
             self._executor.submit(self._open).result()
         except sqlite3.Error as exc:
@@ -164,37 +166,72 @@ class ResourceStore:
             applied_at=_from_us(applied),
         )
 
-    def _record(self, row: tuple[Any, ...], update_state: bool) -> bool:
+    def _record_many(self, batch: list[tuple[tuple[Any, ...], bool]]) -> list[bool]:
+        """Write a batch of rows in one transaction: one fsync for all of them."""
         db = self._db
         assert db is not None
-        loc, change, when, seq, applied, sha256, length = row[:7]
+        results: list[bool] = []
         db.execute("BEGIN IMMEDIATE")
         try:
-            changed = False
-            if update_state:
-                # The guard makes the store itself refuse to move a resource
-                # backwards in time, whatever the caller checked before.
-                cursor = db.execute(
-                    "INSERT INTO resources(loc, change, datetime_us, seq, sha256, length, "
-                    "applied_us) VALUES (?,?,?,?,?,?,?) "
-                    "ON CONFLICT(loc) DO UPDATE SET change=excluded.change, "
-                    "datetime_us=excluded.datetime_us, seq=excluded.seq, "
-                    "sha256=excluded.sha256, length=excluded.length, "
-                    "applied_us=excluded.applied_us "
-                    "WHERE excluded.datetime_us >= resources.datetime_us",
-                    (loc, change, when, seq, sha256, length, applied),
+            for row, update_state in batch:
+                loc, change, when, seq, applied, sha256, length = row[:7]
+                changed = False
+                if update_state:
+                    # The guard makes the store itself refuse to move a resource
+                    # backwards in time, whatever the caller checked before.
+                    cursor = db.execute(
+                        "INSERT INTO resources(loc, change, datetime_us, seq, sha256, length, "
+                        "applied_us) VALUES (?,?,?,?,?,?,?) "
+                        "ON CONFLICT(loc) DO UPDATE SET change=excluded.change, "
+                        "datetime_us=excluded.datetime_us, seq=excluded.seq, "
+                        "sha256=excluded.sha256, length=excluded.length, "
+                        "applied_us=excluded.applied_us "
+                        "WHERE excluded.datetime_us >= resources.datetime_us",
+                        (loc, change, when, seq, sha256, length, applied),
+                    )
+                    changed = cursor.rowcount > 0
+                db.execute(
+                    "INSERT INTO apply_log(loc, change, datetime_us, seq, applied_us, sha256, "
+                    "length, outcome, detail) VALUES (?,?,?,?,?,?,?,?,?)",
+                    row,
                 )
-                changed = cursor.rowcount > 0
-            db.execute(
-                "INSERT INTO apply_log(loc, change, datetime_us, seq, applied_us, sha256, "
-                "length, outcome, detail) VALUES (?,?,?,?,?,?,?,?,?)",
-                row,
-            )
+                results.append(changed)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        return changed
+        return results
+
+    async def _record(self, row: tuple[Any, ...], update_state: bool) -> bool:
+        """Queue a row for the next group commit and wait until it is durable.
+
+        Callers that arrive while a commit is running share the next one, so
+        under load one fsync covers many changes and durability is unchanged:
+        nobody is told "recorded" before their row is on disk.
+        """
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue.append((row, update_state, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                results = await self._run(self._record_many, [(r, u) for r, u, _ in batch])
+            except BaseException as exc:
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(
+                            exc if isinstance(exc, Exception) else ResourceStoreError(str(exc))
+                        )
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for (_, _, future), changed in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(changed)
 
     def _log(self, loc: str | None, limit: int | None) -> list[ApplyRecord]:
         assert self._db is not None
@@ -256,7 +293,7 @@ class ResourceStore:
         False is returned.
         """
         row = self._row(loc, change, when, seq, sha256, length, outcome, detail, applied_at)
-        return await self._run(self._record, row, True)
+        return await self._record(row, True)
 
     async def record_outcome(
         self,
@@ -273,7 +310,7 @@ class ResourceStore:
     ) -> None:
         """Log an outcome that did not change the mirror (skipped, refused, failed)."""
         row = self._row(loc, change, when, seq, sha256, length, outcome, detail, applied_at)
-        await self._run(self._record, row, False)
+        await self._record(row, False)
 
     @staticmethod
     def _row(
@@ -313,6 +350,8 @@ class ResourceStore:
 
     async def close(self) -> None:
         """Close the database and its worker thread; idempotent."""
+        if self._flusher is not None and not self._flusher.done():
+            await self._flusher
         if self._db is not None:
             db, self._db = self._db, None
             await asyncio.get_running_loop().run_in_executor(self._executor, db.close)
