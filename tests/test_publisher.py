@@ -198,3 +198,28 @@ def test_sqlite_log_is_the_default(tmp_path: Path) -> None:
     log = open_log(None, str(tmp_path / "state"))
     assert isinstance(log, SQLiteLog)
     asyncio.run(log.close())
+
+
+async def test_hub_links_are_written_into_a_directory_sources_capability_list(
+    tmp_path: Path,
+) -> None:
+    from rsnotify import sitemap
+    from rsnotify.devstack import free_port
+    from rsnotify.model import CapabilityList
+
+    site = tmp_path / "site"
+    port = free_port()
+    async with (
+        simulator(paused=True, dir=site, base_url="http://source.test/") as _,
+        publisher(
+            source=str(site), state_dir=str(tmp_path / "state"), ws=f"127.0.0.1:{port}"
+        ) as pub,
+    ):
+        cid = await only_collection(pub)
+        assert pub.hub_links(cid) == [f"ws://127.0.0.1:{port}/{cid}"]
+        pub.write_hub_links()
+        pub.write_hub_links()  # idempotent
+        document = sitemap.parse(site / "c1" / "capabilitylist.xml")
+        assert isinstance(document, CapabilityList)
+        assert [h.href for h in document.hubs] == [f"ws://127.0.0.1:{port}/{cid}"]
+        assert document.up is not None  # the rest of the document is kept

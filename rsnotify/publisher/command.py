@@ -96,6 +96,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="gateway mode: serve WebSocket clients from the shared Redis log, detect nothing",
     )
+    push.add_argument(
+        "--write-hubs",
+        action="store_true",
+        help="directory SOURCE: add the rs:ln rel=hub links to its Capability Lists",
+    )
     push.add_argument("--heartbeat", type=float, default=5.0, help="head/heartbeat interval (s)")
     push.add_argument("--format", choices=("json", "xml"), default="json", help="payload format")
     push.add_argument(
@@ -145,5 +150,6 @@ def run(args: argparse.Namespace) -> int:
         collections=args.collection,
         mqtt_tls_ca=args.mqtt_ca,
         mqtt_tls_insecure=args.mqtt_insecure,
+        write_hubs=args.write_hubs,
     )
     return asyncio.run(service.run(config))

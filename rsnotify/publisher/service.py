@@ -73,6 +73,7 @@ class PublisherConfig:
     publisher_id: str = field(default_factory=lambda: f"{os.uname().nodename}:{os.getpid()}")
     mqtt_tls_ca: str | None = None
     mqtt_tls_insecure: bool = False
+    write_hubs: bool = False  # directory SOURCE: add the hub links to the Capability Lists
 
 
 @dataclass(slots=True)
@@ -239,6 +240,45 @@ class Publisher:
             )
             await self._ws.start()
             self.ws_port = self._ws.port
+
+    def hub_links(self, collection: str) -> list[str]:
+        """The ``rs:ln rel="hub"`` hrefs Destinations need to find this collection's channels."""
+        hrefs = []
+        config = self.config
+        if config.mqtt:
+            from ..transport.mqtturl import parse_broker_url
+
+            broker = parse_broker_url(config.mqtt)
+            host = f"[{broker.host}]" if ":" in broker.host else broker.host
+            hrefs.append(
+                f"{broker.scheme}://{host}:{broker.port}/{config.topic_prefix}/{collection}/changes"
+            )
+        if config.ws and self.ws_port is not None:
+            host = config.ws.rpartition(":")[0] or "127.0.0.1"
+            hrefs.append(f"ws://{host}:{self.ws_port}/{collection}")
+        return hrefs
+
+    def write_hub_links(self) -> None:
+        """Add the hub links to each Capability List file of a directory Source (atomically)."""
+        from .. import sitemap
+        from ..model import Link
+
+        assert isinstance(self._access, DirectoryAccess)
+        for cid, collection in self.collections.items():
+            path = self._access.local_path(collection.capability_list)
+            document = sitemap.parse(path)
+            known = {ln.href for ln in document.links if ln.rel == "hub"}
+            new = [Link(rel="hub", href=h) for h in self.hub_links(cid) if h not in known]
+            if not new:
+                continue
+            document.links.extend(new)
+            temp = path.with_name(f".{path.name}.rsnotify-tmp")
+            with open(temp, "wb") as handle:
+                sitemap.write(document, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, path)
+            log.info("added %d hub link(s) to %s", len(new), path)
 
     def _on_mqtt_published(self, collection: str, seq: int, size: int, latency: float) -> None:
         self.metrics.published.labels(collection, "mqtt").inc()
@@ -459,6 +499,13 @@ async def run(config: PublisherConfig, *, ready: asyncio.Event | None = None) ->
     print(f"rsnotify publish: running: {'; '.join(parts)}", flush=True)
     for cid, collection in publisher.collections.items():
         print(f"rsnotify publish: collection {cid} {collection.capability_list}", flush=True)
+        for href in publisher.hub_links(cid):
+            print(f'rsnotify publish:   advertise <rs:ln rel="hub" href="{href}"/>', flush=True)
+    if config.write_hubs:
+        if not publisher._is_directory():
+            print("rsnotify publish: --write-hubs needs a local directory SOURCE", flush=True)
+        else:
+            publisher.write_hub_links()
     if ready is not None:
         ready.set()
     await publisher.wait()
