@@ -1,0 +1,88 @@
+"""Publisher leader election on a real Redis: one leader, bounded takeover, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from rsnotify.devstack import Redis, async_wait_for
+from rsnotify.log import Fenced
+from rsnotify.log.redis_log import RedisLog
+from rsnotify.publisher.leader import LeaderElection, Leadership
+
+C = "example.org-c1-capabilitylist-00000000"
+
+
+class Candidate:
+    def __init__(self, url: str, name: str) -> None:
+        self.election = LeaderElection(url, group="g", owner=name, ttl=1.5, retry=0.2)
+        self.leading: Leadership | None = None
+        self.changes: list[str] = []
+        self.stopping = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def elected(self, held: Leadership) -> None:
+        self.leading = held
+        self.changes.append(f"elected {held.token}")
+
+    async def deposed(self) -> None:
+        self.leading = None
+        self.changes.append("deposed")
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(
+            self.election.run(self.elected, self.deposed, self.stopping)
+        )
+
+    def crash(self) -> None:
+        """Stop renewing without releasing: what kill -9 looks like to Redis."""
+        assert self.task is not None
+        self.task.cancel()
+
+
+async def test_one_leader_and_takeover_within_the_lease(redis_server: Redis) -> None:
+    a, b = Candidate(redis_server.url, "a"), Candidate(redis_server.url, "b")
+    a.start()
+    await async_wait_for(lambda: a.leading is not None, timeout=5)
+    b.start()
+    with pytest.raises(AssertionError):  # b must NOT become leader while a renews
+        await async_wait_for(lambda: b.leading is not None, timeout=2.0)
+    a.crash()
+    crashed = time.monotonic()
+    await async_wait_for(lambda: b.leading is not None, timeout=5, message="no takeover")
+    takeover = time.monotonic() - crashed
+    assert takeover <= 1.5 + 0.2 + 1.0, f"takeover took {takeover:.2f}s"
+    assert b.leading is not None and a.leading is not None
+    assert b.leading.token > a.leading.token
+    b.stopping.set()
+    await b.task  # type: ignore[misc]
+    for c in (a, b):
+        await c.election.close()
+
+
+async def test_a_stale_leader_cannot_append_after_takeover(redis_server: Redis) -> None:
+    log = RedisLog(redis_server.url)
+    old = LeaderElection(redis_server.url, group="g2", owner="old", ttl=1.0, retry=0.2)
+    new = LeaderElection(redis_server.url, group="g2", owner="new", ttl=1.0, retry=0.2)
+    try:
+        first = await old.try_acquire()
+        assert first is not None
+        await log.append(C, [b"a"], expected_head=0, checkpoint="c", fence=first.token)
+        assert await new.try_acquire() is None
+
+        async def lease_expired() -> bool:
+            return await new.try_acquire() is not None
+
+        await async_wait_for(lease_expired, timeout=5)  # old stalled past its TTL
+        assert new.leadership is not None and new.leadership.token > first.token
+        await log.append(C, [b"b"], expected_head=1, checkpoint="c", fence=new.leadership.token)
+        with pytest.raises(Fenced):  # the old leader wakes up and tries to write
+            await log.append(C, [b"stale"], expected_head=2, checkpoint="c", fence=first.token)
+        assert not await old.renew()
+        assert [r.data for r in await log.read(C, 0)] == [b"a", b"b"]
+    finally:
+        await old.close()
+        await new.close()
+        await log.close()
