@@ -111,6 +111,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     push.add_argument(
         "--secret-id", default="k1", help="key id sent with signatures (for rotation)"
     )
+    ha = parser.add_argument_group("high availability")
+    ha.add_argument(
+        "--ha",
+        action="store_true",
+        help="run several publishers for one Source: a Redis lease elects the one that publishes",
+    )
+    ha.add_argument("--ha-group", help="name shared by the publishers of one Source")
+    ha.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease TTL in seconds")
     ops = parser.add_argument_group("operations")
     ops.add_argument("--metrics-port", type=int, help="serve /metrics and /healthz on this port")
     ops.add_argument("--metrics-host", default="127.0.0.1")
@@ -151,5 +159,8 @@ def run(args: argparse.Namespace) -> int:
         mqtt_tls_ca=args.mqtt_ca,
         mqtt_tls_insecure=args.mqtt_insecure,
         write_hubs=args.write_hubs,
+        ha=args.ha,
+        ha_group=args.ha_group,
+        lease_ttl=args.lease_ttl,
     )
     return asyncio.run(service.run(config))

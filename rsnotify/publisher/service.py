@@ -34,7 +34,7 @@ from ..collection import collection_id
 from ..envelope import Notification, to_json
 from ..errors import DocumentError, FetchError, RsNotifyError
 from ..fetch import Fetcher
-from ..log import LogConflict, LogUnavailable, NotificationLog, Retention, open_log
+from ..log import Fenced, LogConflict, LogUnavailable, NotificationLog, Retention, open_log
 from ..metrics import PublisherMetrics, metrics_app, serve
 from ..model import Capability
 from ..outbound import Signer
@@ -74,6 +74,9 @@ class PublisherConfig:
     mqtt_tls_ca: str | None = None
     mqtt_tls_insecure: bool = False
     write_hubs: bool = False  # directory SOURCE: add the hub links to the Capability Lists
+    ha: bool = False  # campaign for leadership through Redis; only the leader publishes
+    ha_group: str | None = None  # publishers of one Source share a group (default: from SOURCE)
+    lease_ttl: float = 3.0
 
 
 @dataclass(slots=True)
@@ -105,6 +108,10 @@ class Publisher:
         self.ws_port: int | None = None
         self._observer = None
         self._healthy = True
+        self._leading: list[asyncio.Task[Any]] = []
+        self._election: Any = None
+        self._fence: int | None = None
+        self.is_leader = False
 
     # -- set-up ------------------------------------------------------------------
 
@@ -193,20 +200,65 @@ class Publisher:
                 config.metrics_host,
                 config.metrics_port,
             )
+        if config.ha and not config.redis:
+            raise RsNotifyError("--ha elects a leader through Redis: give --redis")
         if not config.ws_only:
             await self._setup_collections()
-        await self._start_transports()
-        if not config.ws_only:
-            for collection in self.collections.values():
-                self._tasks.append(asyncio.create_task(self._watch(collection)))
-            self._tasks.append(asyncio.create_task(self._maintain()))
-            if config.watch:
-                self._start_fs_watch()
+        await self._start_gateway()
+        if config.ws_only:
+            return
+        if config.ha:
+            from .leader import LeaderElection
 
-    async def _start_transports(self) -> None:
+            self._election = LeaderElection(
+                config.redis,  # type: ignore[arg-type]
+                group=config.ha_group or collection_id(config.source),
+                owner=config.publisher_id,
+                ttl=config.lease_ttl,
+                retry=min(0.5, config.lease_ttl / 4),
+            )
+            self._tasks.append(
+                asyncio.create_task(
+                    self._election.run(self._on_elected, self._on_deposed, self._stopping)
+                )
+            )
+        else:
+            await self._start_leading()
+        if config.watch:
+            self._start_fs_watch()
+
+    async def _on_elected(self, leadership: Any) -> None:
+        self._fence = leadership.token
+        self.is_leader = True
+        for collection in self.collections.values():
+            await self._reload(collection)  # a previous leader may have moved the log on
+        await self._start_leading()
+
+    async def _on_deposed(self) -> None:
+        """Lost the lease: stop detecting and pushing at once (the fence stops stale writes)."""
+        self.is_leader = False
+        self._fence = None
+        leading, self._leading = self._leading, []
+        for task in leading:
+            task.cancel()
+        await asyncio.gather(*leading, return_exceptions=True)
+        if self._mqtt is not None:
+            mqtt, self._mqtt = self._mqtt, None
+            with contextlib.suppress(Exception):
+                await mqtt.stop()
+
+    async def _start_leading(self) -> None:
+        """Detection, the MQTT pusher and maintenance: what only the leader runs."""
+        self.is_leader = True
+        self._start_pusher()
+        for collection in self.collections.values():
+            self._leading.append(asyncio.create_task(self._watch(collection)))
+        self._leading.append(asyncio.create_task(self._maintain()))
+
+    def _start_pusher(self) -> None:
         config = self.config
         assert self.log is not None
-        if config.mqtt and not config.ws_only:
+        if config.mqtt:
             from ..transport.mqtt import MqttPusher
 
             self._mqtt = MqttPusher(
@@ -222,7 +274,12 @@ class Publisher:
             )
             for collection in self.collections:
                 self._mqtt.add_collection(collection)
-            self._tasks.append(asyncio.create_task(self._mqtt.run()))
+            self._leading.append(asyncio.create_task(self._mqtt.run()))
+
+    async def _start_gateway(self) -> None:
+        """The WebSocket gateway serves from the log: every instance may run one."""
+        config = self.config
+        assert self.log is not None
         if config.ws:
             from ..transport.ws import WebSocketGateway
 
@@ -354,6 +411,9 @@ class Publisher:
                 self._healthy = True
             except asyncio.CancelledError:
                 raise
+            except Fenced as exc:
+                log.warning("%s; another publisher leads now", exc)
+                return  # the election notices the lost lease and stands down
             except LogConflict as exc:
                 log.warning(
                     "%s; reloading the checkpoint", exc, extra={"collection": collection.id}
@@ -386,7 +446,11 @@ class Publisher:
     async def _commit_checkpoint(self, collection: _Collection, checkpoint: Checkpoint) -> None:
         assert self.log is not None
         collection.head = await self.log.append(
-            collection.id, [], expected_head=collection.head, checkpoint=checkpoint.to_json()
+            collection.id,
+            [],
+            expected_head=collection.head,
+            checkpoint=checkpoint.to_json(),
+            fence=self._fence,
         )
         collection.watcher.commit(checkpoint)
 
@@ -419,6 +483,7 @@ class Publisher:
                 payloads,
                 expected_head=head,
                 checkpoint=checkpoint.to_json(),
+                fence=self._fence,
                 max_len=self.config.retention.max_len,
             )
             watcher.commit(checkpoint)
@@ -456,7 +521,8 @@ class Publisher:
         self._stopping.set()
         if self._observer is not None:
             self._observer.stop()
-        for task in self._tasks:
+        leading, self._leading = self._leading, []
+        for task in leading:
             if task.get_coro().__name__ in ("_watch", "_maintain"):  # type: ignore[union-attr]
                 task.cancel()
         if self._mqtt is not None:
@@ -465,9 +531,11 @@ class Publisher:
         if self._ws is not None:
             with contextlib.suppress(Exception):
                 await self._ws.stop()
-        for task in self._tasks:
+        for task in [*self._tasks, *leading]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *leading, return_exceptions=True)
+        if self._election is not None:
+            await self._election.close()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
         if self._fetcher is not None:
