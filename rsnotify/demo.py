@@ -70,16 +70,25 @@ class Demo:
         process = ManagedProcess.rsnotify(*args, workdir=self.root / "logs", name=name)
         self.processes.append(process)
         self.stack.callback(process.terminate)
-        return process.start()
+        process.start()
+        self._record(name, process.pid)
+        return process
+
+    def _record(self, name: str, pid: int) -> None:
+        """Every pid the demo starts, so anyone can check it left nothing behind."""
+        with open(self.root / "pids", "a") as handle:
+            handle.write(f"{name} {pid}\n")
 
     def start(self) -> dict[str, str]:
         root = self.root
         redis = Redis(root / "redis")
         self.stack.callback(redis.stop)
         redis.start()
+        self._record("redis-server", redis.pid)
         broker = Mosquitto(root / "mosquitto", max_queued_messages=100_000)
         self.stack.callback(broker.stop)
         broker.start()
+        self._record("mosquitto", broker.pid)
         ws_port = free_port()
         mqtt = f"mqtt://127.0.0.1:{broker.port}"
         ws = f"ws://127.0.0.1:{ws_port}"
