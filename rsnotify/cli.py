@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import ModuleType
 
-from . import __version__
+from . import __version__, config
 
 # (subcommand name, module, one-line help). Order is the order shown in --help.
 COMMANDS: list[tuple[str, str, str]] = [
@@ -22,6 +24,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("publish", "rsnotify.publisher.command", "watch a Source; log and push every new entry"),
     ("subscribe", "rsnotify.subscriber.command", "mirror a Source: baseline, push, catch-up"),
     ("audit", "rsnotify.commands.audit", "compare a mirror with the Source's Resource List"),
+    ("dashboard", "rsnotify.dashboard.command", "live page, JSON API and /metrics of telemetry"),
+    ("config", "rsnotify.commands.config", "check a configuration file; show effective options"),
 ]
 
 
@@ -39,6 +43,30 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
     return parser, modules
 
 
+def command_parser(name: str) -> tuple[ModuleType, argparse.ArgumentParser]:
+    """A subcommand's module and its own parser, as ``configure()`` built it."""
+    module = importlib.import_module(dict((n, m) for n, m, _ in COMMANDS)[name])
+    sub = argparse.ArgumentParser(prog=f"rsnotify {name}", description=module.HELP)
+    module.configure(sub)
+    return module, sub
+
+
+def parse_command(
+    name: str, argv: Sequence[str], environ: Mapping[str, str] | None = None
+) -> tuple[ModuleType, argparse.Namespace]:
+    """Parse a subcommand's arguments over its --config file and RSNOTIFY_* variables.
+
+    The configuration layer (:mod:`rsnotify.config`) applies to every
+    subcommand, from its parser alone; a module opts out with ``CONFIG_LAYER = False``.
+    """
+    module, sub = command_parser(name)
+    if not getattr(module, "CONFIG_LAYER", True):
+        return module, sub.parse_args(list(argv))
+    sections = [n for n, _, _ in COMMANDS if n != "config"]  # `config` reads no [config]
+    env = os.environ if environ is None else environ
+    return module, config.parse_args(sub, name, argv, environ=env, sections=sections)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, modules = build_parser()
@@ -47,10 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     name = argv[0]
-    module = importlib.import_module(modules[name])
-    sub = argparse.ArgumentParser(prog=f"rsnotify {name}", description=module.HELP)
-    module.configure(sub)
-    args = sub.parse_args(argv[1:])
+    try:
+        module, args = parse_command(name, argv[1:])
+    except config.ConfigError as exc:
+        print(f"rsnotify {name}: configuration error:\n{exc}", file=sys.stderr)
+        return 2
     try:
         return int(module.run(args) or 0)
     except KeyboardInterrupt:

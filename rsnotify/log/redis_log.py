@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import Fenced, LogConflict, LogRecord, LogUnavailable, NotificationLog, Retention
@@ -110,6 +110,10 @@ class RedisLog(NotificationLog):
         except ResponseError as exc:
             if "LOADING" in str(exc) or "BUSY" in str(exc):
                 raise LogUnavailable(f"Redis at {self.url} not ready: {exc}") from None
+            if isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM"):
+                # maxmemory with noeviction: the append failed whole; retry once
+                # an operator raised the limit or retention trimmed the log.
+                raise LogUnavailable(f"Redis at {self.url} is out of memory: {exc}") from None
             raise
 
     async def head(self, collection: str) -> int:
