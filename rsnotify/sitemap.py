@@ -72,6 +72,7 @@ _MAX_PROLOG_BYTES = 1 << 20  # the XML declaration and comments before the root
 # element of an unfinished subtree, so both bound what a hostile document costs.
 _MAX_MARKUP_GAP = 1 << 20  # bytes without a '>'
 _MAX_OPEN_ELEMENTS = 10_000  # elements inside one unfinished top-level element
+_MAX_PREAMBLE = 1 << 18  # bytes before the first entry: the header (rs:md, rs:ln) is tiny
 _UTF8_NAMES = frozenset({"utf8", "usascii", "ascii"})
 _DECLARED_ENCODING = re.compile(
     rb"""^(?:\xef\xbb\xbf)?<\?xml\s[^>]*?encoding\s*=\s*["']([^"']*)["']"""
@@ -224,7 +225,8 @@ def _int(value: str | None, name: str, line: int | None, element: str, low: int 
     if value is None:
         return None
     text = value.strip()
-    if not text.isdigit() or int(text) < low:
+    # isascii: str.isdigit() also accepts "²" and other digits int() refuses.
+    if not (text.isascii() and text.isdigit()) or int(text) < low:
         raise InvalidValue(
             f"{name}={value!r} is not an integer >= {low}", line=line, element=element
         )
@@ -315,22 +317,33 @@ class DocumentReader:
         """Yield each entry element (``url``/``sitemap``) as it ends."""
         chunks = _guard_markup(_chunks(self._source, self._limits))
         head = self._read_root(chunks)
-        # "start" only to learn the root, so the sweep below can reach it.
-        parser = etree.XMLPullParser(
-            events=("start", "end"),
-            tag=(_URL, _SITEMAP, _URLSET, _SITEMAPINDEX),
-            **_SAFE_PARSER_OPTIONS,
-        )
+        # Only entry end events reach Python: one event per entry.  The root is
+        # learned from the first entry's parent; until then the document may
+        # only hold its header, so its size is bounded instead (_MAX_PREAMBLE).
+        parser = etree.XMLPullParser(events=("end",), tag=(_URL, _SITEMAP), **_SAFE_PARSER_OPTIONS)
         root = None
+        fed = len(head)
         try:
             parser.feed(head)
-            yield from self._drain(parser)
-            self._sweep()
             for chunk in chunks:
-                parser.feed(chunk)
-                for element in self._drain(parser):
+                for _event, element in parser.read_events():
+                    if self._root is None:
+                        self._root = element.getparent()
                     yield element
-                self._sweep()
+                if self._root is None:
+                    fed += len(chunk)
+                    if fed > _MAX_PREAMBLE:
+                        raise DocumentTooLarge(
+                            f"no entry in the first {_MAX_PREAMBLE} bytes: "
+                            "a ResourceSync header is never that long"
+                        )
+                else:
+                    self._sweep()
+                parser.feed(chunk)
+            for _event, element in parser.read_events():
+                if self._root is None:
+                    self._root = element.getparent()
+                yield element
             root = parser.close()
         except etree.XMLSyntaxError as exc:
             raise _syntax_error(exc) from None
@@ -338,12 +351,8 @@ class DocumentReader:
             yield element
 
     def _drain(self, parser: Any) -> Iterator[Any]:
-        for event, element in parser.read_events():
-            if event == "end":
-                if element is not self._root:
-                    yield element
-            elif self._root is None and element.getparent() is None:
-                self._root = element
+        for _event, element in parser.read_events():
+            yield element
 
     def _sweep(self) -> None:
         """Free what the entry events never reach, so memory stays bounded.
@@ -550,9 +559,12 @@ class DocumentReader:
         self.header  # noqa: B018 - reads ahead to the first entry
         element = self._pending
         self._pending = None
-        while element is not None:
-            yield self._entry(element)
-            element = next(self._elements, None)
+        if element is None:
+            return
+        entry = self._entry
+        yield entry(element)
+        for element in self._elements:  # a plain for loop: the cheapest way through
+            yield entry(element)
 
     def _entry(self, element: Any) -> Entry:
         # The hot path of every parse: one pass over the children, one Entry()
@@ -590,51 +602,69 @@ class DocumentReader:
         name = self._entry_name
         if not loc or not (loc := loc.strip()):
             raise MissingElement("entry without <loc>", line=line, element=name)
-        kw: dict[str, Any] = {"loc": loc, "line": line}
+        if changefreq is not None and changefreq not in CHANGEFREQS:
+            raise InvalidValue(f"unknown changefreq {changefreq!r}", line=line, element=name)
+        when = None
         if lastmod is not None:
-            kw["lastmod"] = _time(lastmod, line, "lastmod")
-        if changefreq is not None:
-            if changefreq not in CHANGEFREQS:
-                raise InvalidValue(f"unknown changefreq {changefreq!r}", line=line, element=name)
-            kw["changefreq"] = changefreq
-        if links is not None:
-            kw["links"] = links
+            try:
+                when = w3cdt.parse(lastmod)
+            except InvalidDatetime as exc:
+                raise InvalidDatetime(exc.reason, line=line, element="lastmod") from None
+        change = digest = media = length = None
         if md:
+            # The common Change List attributes first, positionally into Entry();
+            # anything else (1.1 datetime, capability, path, intervals, community
+            # attributes) is rarer and handled after construction.
             pop = md.pop
-            change = pop("change", None)
-            if change is not None:
-                kind = _CHANGES.get(change)
-                if kind is None:
+            text = pop("change", None)
+            if text is not None:
+                change = _CHANGES.get(text)
+                if change is None:
                     raise InvalidValue(
-                        f"unknown change {change!r} (created, updated or deleted)",
+                        f"unknown change {text!r} (created, updated or deleted)",
                         line=line,
                         element="rs:md",
                     )
-                kw["change"] = kind
-            for key in ("hash", "type", "capability", "path", "encoding"):
-                value = pop(key, None)
-                if value is not None:
-                    kw[key] = value
-            length = pop("length", None)
-            if length is not None:
-                kw["length"] = _int(length, "length", line, "rs:md")
-            value = pop("datetime", None)
-            if value is not None:
-                kw["datetime"] = _time(value, line, "rs:md")
-            if md:
-                kw.update(_md_fields(md, line, "rs:md"))
-                if md:
-                    kw["md_extra"] = md
-        entry = Entry(**kw)
+            digest = pop("hash", None)
+            media = pop("type", None)
+            text = pop("length", None)
+            if text is not None:
+                length = (
+                    int(text)
+                    if text.isascii() and text.isdigit()
+                    else _int(text, "length", line, "rs:md")
+                )
+        entry = Entry(loc, when, changefreq, change, None, digest, length, media, line=line)
+        if md:
+            self._rare_md(entry, md, line)
+        if links is not None:
+            entry.links = links
         self._count += 1
         limit = self._limits.max_entries
         if limit is not None and self._count > limit:
             raise TooManyEntries(f"more than {limit} entries", line=line, element=name)
         if self._change_doc:
-            self._check_change(entry, name)
+            t = entry.datetime if entry.datetime is not None else when
+            last = self._last_time
+            if change is None or t is None or (last is not None and t < last):
+                self._check_change(entry, name)  # raises, or warns when unordered is allowed
+            else:
+                self._last_time = t
         elif self._index_doc:
             self._check_order(entry.from_, entry, name, "from")
         return entry
+
+    @staticmethod
+    def _rare_md(entry: Entry, md: dict[str, str], line: int | None) -> None:
+        """rs:md attributes beyond change/hash/type/length (datetime, intervals, extras)."""
+        pop = md.pop
+        entry.capability = pop("capability", None)
+        entry.path = pop("path", None)
+        entry.encoding = pop("encoding", None)
+        for key, value in _md_fields(md, line, "rs:md").items():
+            setattr(entry, key, value)
+        if md:
+            entry.md_extra = md
 
     def _check_change(self, entry: Entry, name: str) -> None:
         if entry.change is None:

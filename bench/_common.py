@@ -1,0 +1,269 @@
+"""Shared plumbing for the benches: isolated measurement, tables, JSON, machine info.
+
+Every measurement runs in its own fresh interpreter so that peak RSS belongs to
+one contender alone (a process's high-water mark never goes down, so measuring
+two contenders in one process would charge the second for the first).  The
+child imports its libraries, records the resident set, then times only the
+work: interpreter start-up and imports are not counted as parsing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+
+# A contender is "module:function".  The function takes JSON-able arguments,
+# does its imports and set-up, and returns the zero-argument callable to time;
+# that callable returns the number of entries it read.
+Prepare = Callable[..., Callable[[], int]]
+
+
+# --- measuring in a child process ---------------------------------------------
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size, in MB (10**6 bytes).
+
+    On Linux ``getrusage().ru_maxrss`` is the wrong number for a child: exec
+    carries the parent's high-water mark over (a child of a 300 MB parent
+    reports 300 MB), so the new image's own ``VmHWM`` is read instead.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 1_000_000
+    except OSError:
+        pass
+    # Elsewhere: ru_maxrss, in bytes on macOS and KiB on the BSDs.
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 1_000_000
+
+
+def child_main() -> None:
+    """Entry point of the measuring child: ``python -c '...child_main()' target args``."""
+    target, raw_args = sys.argv[1], sys.argv[2]
+    module_name, _, func_name = target.partition(":")
+    prepare: Prepare = getattr(importlib.import_module(module_name), func_name)
+    run = prepare(*json.loads(raw_args))
+    base = peak_rss_mb()
+    start = time.perf_counter()
+    entries = run()
+    seconds = time.perf_counter() - start
+    peak = peak_rss_mb()
+    print(
+        json.dumps(
+            {"entries": entries, "seconds": seconds, "rss_base_mb": base, "rss_peak_mb": peak}
+        )
+    )
+
+
+@dataclass(slots=True)
+class Sample:
+    """One timed run of one contender in one fresh process."""
+
+    entries: int
+    seconds: float
+    rss_base_mb: float
+    rss_peak_mb: float
+
+
+def measure(target: str, args: Sequence[Any], *, timeout: float = 900.0) -> Sample:
+    """Run ``target`` once in a fresh interpreter and return what it measured."""
+    code = "from bench._common import child_main; child_main()"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, target, json.dumps(list(args))],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{target} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
+    return Sample(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@dataclass(slots=True)
+class Series:
+    """Repeated runs of one contender; the rate uses the median, the best is kept too."""
+
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def entries(self) -> int:
+        return self.samples[0].entries
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(s.seconds for s in self.samples)
+
+    @property
+    def best_s(self) -> float:
+        return min(s.seconds for s in self.samples)
+
+    @property
+    def rate(self) -> float:
+        return self.entries / self.median_s
+
+    @property
+    def best_rate(self) -> float:
+        return self.entries / self.best_s
+
+    @property
+    def peak_mb(self) -> float:
+        return max(s.rss_peak_mb for s in self.samples)
+
+    @property
+    def base_mb(self) -> float:
+        return max(s.rss_base_mb for s in self.samples)
+
+
+# --- output ----------------------------------------------------------------------
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain aligned text table: text left, numbers right."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    numeric = [
+        all(_is_number(row[i]) for row in rows) if rows else False for i in range(len(headers))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ).rstrip()
+
+    out = [line(list(headers)), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in cells)
+    return "\n".join(out)
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value >= 1000:
+            return f"{value:,.0f}"
+        if value >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``bench/results/<name>.json`` (the directory is gitignored)."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path
+
+
+def machine_info() -> dict[str, Any]:
+    """Enough about the machine to tell whether two result files are comparable."""
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "memory_gb": _memory_gb(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        # Other work on the machine skews every number: keep the evidence.
+        "loadavg_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    info["git_head"] = _git_head()
+    for dist in ("lxml", "resync", "rsnotify"):
+        info[f"{dist}_version"] = _version(dist)
+    try:
+        from lxml import etree
+
+        info["libxml2_version"] = ".".join(map(str, etree.LIBXML_VERSION))
+    except ImportError:
+        pass
+    return info
+
+
+def _git_head() -> str | None:
+    # rev-parse only reads: it never takes the index lock a concurrent commit needs.
+    try:
+        proc = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
+
+
+def source_digest(*relative: str) -> dict[str, str]:
+    """SHA-256 (first 16 hex digits) of source files, to tie a result to the code measured.
+
+    The working tree may be ahead of HEAD while code is being written.
+    """
+    out = {}
+    for name in relative:
+        path = REPO_ROOT / name
+        if path.exists():
+            out[name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return out
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _memory_gb() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
