@@ -46,9 +46,7 @@ def render(
     """The payload for one log record in ``fmt`` (``json`` or ``xml``), signed if asked."""
     stamp = w3cdt.format(published or w3cdt.now())
     if fmt == "json":
-        obj = json.loads(record.data)
-        obj["published"] = stamp
-        payload = envelope.dumps(obj)
+        payload = _stamp(record.data, stamp)
     elif fmt == "xml":
         notification = envelope.from_json(record.data, max_bytes=len(record.data))
         notification.published = w3cdt.parse(stamp)
@@ -57,6 +55,30 @@ def render(
         raise ValueError(f"unknown notification format {fmt!r}")
     signature = signer.sign(payload) if signer is not None else None
     return Rendered(seq=record.seq, payload=payload, signature=signature)
+
+
+_SEQ_KEY = b',"seq":'
+
+
+def _stamp(data: bytes, stamp: str) -> bytes:
+    """Add ``"published"`` to a canonical envelope, keeping it canonical.
+
+    The log holds canonical JSON (sorted keys, compact), and ``"published"``
+    sorts immediately before ``"seq"``, which every envelope has: inserting the
+    bytes there gives exactly what decoding, adding the key and encoding would,
+    at a fraction of the cost.  Anything unexpected takes the long way.
+    """
+    at = data.find(_SEQ_KEY)
+    if at > 0 and b'"published"' not in data and data.count(_SEQ_KEY) == 1:
+        prefix = data[:at]
+        # No key may sort between "published" and "seq": ensure the one before
+        # "seq" sorts before "published" by checking the last key's name.
+        last_key = prefix[prefix.rfind(b',"') + 2 : prefix.rfind(b'":')]
+        if last_key < b"published":
+            return b'%s,"published":"%s"%s' % (prefix, stamp.encode(), data[at:])
+    obj = json.loads(data)
+    obj["published"] = stamp
+    return envelope.dumps(obj)
 
 
 def head_message(

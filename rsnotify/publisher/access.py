@@ -98,8 +98,18 @@ class DirectoryAccess:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).resolve()
+        self._paths: dict[str, Path] = {}
 
     def local_path(self, url: str) -> Path:
+        cached = self._paths.get(url)
+        if cached is not None:
+            return cached
+        path = self._resolve(url)
+        if len(self._paths) < 10_000:
+            self._paths[url] = path
+        return path
+
+    def _resolve(self, url: str) -> Path:
         parts = urlsplit(url)
         path = unquote(parts.path if parts.scheme else url).lstrip("/")
         candidate = (self.root / path).resolve()
@@ -134,5 +144,9 @@ class DirectoryAccess:
         range_start: int | None = None,
     ) -> Fetched:
         path = self.local_path(url)
-        # File reads are quick but may block on a slow disk: keep the loop free.
+        if range_start is not None or etag is not None:
+            # The common watch-mode read: a stat and the appended tail, from the
+            # page cache; a thread hop would cost more than the read itself.
+            return self._read(path, etag, range_start)
+        # A whole document may be 50 MB: keep the loop free.
         return await asyncio.to_thread(self._read, path, etag, range_start)

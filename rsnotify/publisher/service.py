@@ -38,7 +38,9 @@ from ..log import Fenced, LogConflict, LogUnavailable, NotificationLog, Retentio
 from ..metrics import PublisherMetrics, metrics_app, serve
 from ..model import Capability
 from ..outbound import Signer
+from ..report import PublisherReporter
 from ..tracker import Checkpoint, Detection
+from . import fswatch
 from .access import DirectoryAccess, DocumentAccess, HttpAccess
 from .watcher import CollectionWatcher
 
@@ -74,6 +76,7 @@ class PublisherConfig:
     mqtt_tls_ca: str | None = None
     mqtt_tls_insecure: bool = False
     write_hubs: bool = False  # directory SOURCE: add the hub links to the Capability Lists
+    report: str | None = None  # redis:// URL: heartbeat and heads for `rsnotify dashboard`
     ha: bool = False  # campaign for leadership through Redis; only the leader publishes
     ha_group: str | None = None  # publishers of one Source share a group (default: from SOURCE)
     lease_ttl: float = 3.0
@@ -106,7 +109,7 @@ class Publisher:
         self._metrics_runner = None
         self.metrics_port: int | None = None
         self.ws_port: int | None = None
-        self._observer = None
+        self._fswatch: fswatch.DirectoryWatch | None = None
         self._healthy = True
         self._leading: list[asyncio.Task[Any]] = []
         self._election: Any = None
@@ -204,6 +207,8 @@ class Publisher:
             raise RsNotifyError("--ha elects a leader through Redis: give --redis")
         if not config.ws_only:
             await self._setup_collections()
+        if config.report:  # telemetry for `rsnotify dashboard` (see rsnotify.report)
+            self._tasks.append(asyncio.create_task(PublisherReporter(config.report, self).run()))
         await self._start_gateway()
         if config.ws_only:
             return
@@ -342,32 +347,30 @@ class Publisher:
         self.metrics.publish_latency.labels(collection, "mqtt").observe(latency)
 
     def _start_fs_watch(self) -> None:
-        """Poll a collection as soon as a file in the Source directory changes."""
+        """Poll a collection as soon as one of its Change List documents is written."""
         if not self._is_directory():
             log.warning(
                 "--watch needs a local directory as SOURCE; polling every %.1fs instead",
                 self.config.poll,
             )
             return
-        from watchdog.events import FileSystemEvent, FileSystemEventHandler
-        from watchdog.observers import Observer
+        if not fswatch.available():
+            log.warning("no inotify on this system; polling every %.1fs instead", self.config.poll)
+            return
+        self._fswatch = fswatch.DirectoryWatch()
+        for collection in self.collections.values():
+            self._watch_lists(collection)
+        self._tasks.append(asyncio.create_task(self._fswatch.run()))
 
-        loop = asyncio.get_running_loop()
-        collections = list(self.collections.values())
-
-        class Handler(FileSystemEventHandler):
-            # Runs on watchdog's thread: only hand the event to the loop.
-            def on_any_event(self, event: FileSystemEvent) -> None:
-                path = str(getattr(event, "dest_path", "") or event.src_path)
-                if path.endswith(".xml"):
-                    for collection in collections:
-                        loop.call_soon_threadsafe(collection.trigger.set)
-
-        observer = Observer()
-        observer.schedule(Handler(), self.config.source, recursive=True)
-        observer.daemon = True
-        observer.start()
-        self._observer = observer
+    def _watch_lists(self, collection: _Collection) -> None:
+        """Watch the directories of the collection's Change List Index and Change Lists."""
+        if self._fswatch is None or not isinstance(self._access, DirectoryAccess):
+            return
+        watcher = collection.watcher
+        urls = [watcher.changelist_url, *watcher.list_urls()]
+        for url in urls:
+            path = self._access.local_path(url)
+            self._fswatch.watch(path.parent, collection.trigger.set)
 
     # -- the loops -----------------------------------------------------------------
 
@@ -407,6 +410,7 @@ class Publisher:
                     await self._log_detection(collection, found, detected)
                 if result.checkpoint != watcher.checkpoint:
                     await self._commit_checkpoint(collection, result.checkpoint)
+                self._watch_lists(collection)  # a rollover may open a list in a new directory
                 backoff.reset()
                 self._healthy = True
             except asyncio.CancelledError:
@@ -519,8 +523,8 @@ class Publisher:
     async def stop(self) -> None:
         """Stop detecting, let transports drain, close everything (SIGTERM path)."""
         self._stopping.set()
-        if self._observer is not None:
-            self._observer.stop()
+        if self._fswatch is not None:
+            self._fswatch.close()
         leading, self._leading = self._leading, []
         for task in leading:
             if task.get_coro().__name__ in ("_watch", "_maintain"):  # type: ignore[union-attr]

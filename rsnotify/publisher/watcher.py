@@ -78,6 +78,10 @@ class CollectionWatcher:
         self._refs: list[ListRef] = []
         self._lists: dict[str, _ListState] = {}
 
+    def list_urls(self) -> list[str]:
+        """The Change Lists the index named at the last read."""
+        return [ref.url for ref in self._refs]
+
     def commit(self, checkpoint: Checkpoint) -> None:
         """The service logged everything up to ``checkpoint``."""
         self.checkpoint = checkpoint

@@ -253,6 +253,7 @@ class MqttPusher:
         self._lanes: dict[str, _Lane] = {}
         self._client: mqtt.Client | None = None
         self._client_protocol: int | None = None
+        self._plain_properties: dict[str, Properties] = {}
         self._conn = 0  # id of the current paho client; events of older ones are ignored
         self._epoch = 0  # bumped on every connect and disconnect
         self._connected = False
@@ -633,6 +634,19 @@ class MqttPusher:
     def _properties(self, content_type: str, signature: str | None) -> Properties | None:
         if self._client_protocol != mqtt.MQTTv5:
             return None
+        if signature is None:
+            # Unsigned properties are the same for every message: build them once
+            # (paho packs them per publish; building them was ~13% of the CPU).
+            cached = self._plain_properties.get(content_type)
+            if cached is None:
+                cached = self._plain_properties[content_type] = self._new_properties(
+                    content_type, None
+                )
+            return cached
+        return self._new_properties(content_type, signature)
+
+    @staticmethod
+    def _new_properties(content_type: str, signature: str | None) -> Properties:
         props = Properties(PacketTypes.PUBLISH)
         props.ContentType = content_type
         props.PayloadFormatIndicator = 1  # UTF-8 text
