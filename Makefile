@@ -24,6 +24,9 @@ services:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "installing redis-server from Debian packages"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium from Debian packages (the dashboard's browser test)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rsnotify tests bench

@@ -124,10 +124,16 @@ class Demo:
                 "--into", str(root / f"mirror-{transport}"),
                 "--via", via,
                 "--name", f"demo-{transport}",
+                "--report", redis.url,
                 "--metrics-port", "0",
                 "--log-format", "text",
             )  # fmt: skip
-        return {"source": source, "mqtt": mqtt, "ws": ws, "redis": redis.url}
+        port = os.environ.get("DEMO_DASHBOARD_PORT", "0")
+        dashboard = self._rsnotify(
+            "dashboard", "dashboard", "--redis", redis.url, "--mqtt", mqtt, "--port", port
+        )
+        page = dashboard.wait_for_line(r"serving (http://\S+)", timeout=30).group(1)
+        return {"source": source, "mqtt": mqtt, "ws": ws, "redis": redis.url, "dashboard": page}
 
     def converge(self, source: str, timeout: float = 60.0) -> list[str]:
         """Freeze the Source and wait for both mirrors to equal it."""
@@ -176,6 +182,7 @@ rsnotify demo is running (logs and state under {root})
   MQTT broker           {urls["mqtt"]}   topics resourcesync/<collection>/changes
   WebSocket gateway     {urls["ws"]}/<collection>
   Redis log             {urls["redis"]}
+  Dashboard             {urls["dashboard"]}   (latency, lags, events; /metrics)
   mirrors               {root / "mirror-mqtt"}   {root / "mirror-ws"}
 
 What you are seeing: the simulator changes resources and appends to its Change

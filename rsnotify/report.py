@@ -97,6 +97,19 @@ def check_url(url: str) -> str:
     return url
 
 
+def raise_if_cancelled() -> None:
+    """Honour a cancellation that an awaited redis-py call swallowed.
+
+    redis-py's asyncio client can absorb the ``CancelledError`` thrown into a
+    command in flight and return normally (seen with redis 8.1 pipelines), so a
+    loop that awaits Redis would keep running after ``task.cancel()``.  The
+    task still counts the request (``Task.cancelling()``): loops check it.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def url_argument(text: str) -> str:
     """argparse ``type`` for ``--report``: a clear usage error instead of a traceback."""
     import argparse
@@ -326,6 +339,7 @@ class _Writer:
                     self._status_now = False
                     next_status = now + self.interval
                 await self._write(due)
+                raise_if_cancelled()
         finally:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):

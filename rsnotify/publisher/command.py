@@ -9,6 +9,7 @@ import re
 
 from ..log import Retention
 from ..logs import setup as setup_logging
+from ..report import url_argument
 from . import service
 from .service import PublisherConfig
 
@@ -122,6 +123,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     ops = parser.add_argument_group("operations")
     ops.add_argument("--metrics-port", type=int, help="serve /metrics and /healthz on this port")
     ops.add_argument("--metrics-host", default="127.0.0.1")
+    ops.add_argument(
+        "--report", type=url_argument, metavar="URL", help="dashboard telemetry (default: --redis)"
+    )
     ops.add_argument("--log-level", default="info")
     ops.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
 
@@ -159,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         mqtt_tls_ca=args.mqtt_ca,
         mqtt_tls_insecure=args.mqtt_insecure,
         write_hubs=args.write_hubs,
+        report=args.report or args.redis,
         ha=args.ha,
         ha_group=args.ha_group,
         lease_ttl=args.lease_ttl,

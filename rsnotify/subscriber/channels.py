@@ -46,6 +46,7 @@ log = logging.getLogger("rsnotify.subscribe")
 Sink = Callable[[ev.Event], None]
 
 SESSION_EXPIRY = 7 * 24 * 3600  # how long the broker keeps our queue while we are away
+CLOSE_TIMEOUT = 2.0  # WebSocket closing handshake bound (on stop)
 
 
 def _head_event(payload: bytes) -> ev.Head | None:
@@ -207,7 +208,7 @@ class WebSocketChannel:
     def _url(self, since: int | None) -> str:
         return self.base if since is None else f"{self.base}?since={since}"
 
-    async def _session(self, since: int | None) -> None:
+    async def _session(self, since: int | None, generation: int) -> None:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
         async with websockets.connect(
             self._url(since),
@@ -217,10 +218,10 @@ class WebSocketChannel:
             open_timeout=10,
             ping_interval=10,
             ping_timeout=20,
+            close_timeout=CLOSE_TIMEOUT,
         ) as connection:
             self._connection = connection
             self.sink(ev.Connected(session_present=since is not None))
-            generation = self.generation
             async for data in connection:
                 try:
                     frame = wsproto.parse_frame(data)
@@ -257,9 +258,17 @@ class WebSocketChannel:
             else:
                 since = self._received if self._received is not None else self.since()
             self._restart.clear()
-            session = asyncio.create_task(self._session(since))
+            # The generation of the request this connection serves: a replay asked
+            # for later makes its messages stale, even if it connects after that.
+            session = asyncio.create_task(self._session(since, self.generation))
             restart = asyncio.create_task(self._restart.wait())
             done, _ = await asyncio.wait({session, restart}, return_when=asyncio.FIRST_COMPLETED)
+            if session not in done and self._connection is not None:
+                # A replaced connection owes nobody a closing handshake, and one
+                # with a burst of unread frames cannot finish it: its reading is
+                # paused (max_queue) so the close reply is never read, and the
+                # replay would wait out the close timeout.  Drop it.
+                self._connection.transport.abort()
             for task in (session, restart):
                 if task not in done:
                     task.cancel()

@@ -7,6 +7,7 @@ import asyncio
 import os
 
 from ..logs import setup as setup_logging
+from ..report import url_argument
 from . import service
 from .service import SubscriberConfig
 
@@ -102,6 +103,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--retries", type=int, default=5, help="retries per change on fixity or transient errors"
     )
     parser.add_argument("--name", help="subscriber name in metrics and the dashboard")
+    parser.add_argument(
+        "--report", type=url_argument, metavar="URL", help="send telemetry to this Redis"
+    )
     parser.add_argument("--mqtt-ca", metavar="FILE")
     parser.add_argument("--mqtt-insecure", action="store_true")
     parser.add_argument("--metrics-port", type=int)
@@ -131,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         name=args.name,
+        report=args.report,
         mqtt_tls_ca=args.mqtt_ca,
         mqtt_tls_insecure=args.mqtt_insecure,
         retries=args.retries,

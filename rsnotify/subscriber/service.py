@@ -31,6 +31,7 @@ from ..metrics import metrics_app, serve
 from ..model import Capability
 from ..publisher.access import HttpAccess
 from ..publisher.watcher import CollectionWatcher
+from ..report import SubscriberReporter
 from ..tracker import Checkpoint
 from .applier import Applier, Hooks
 from .baseline import baseline
@@ -65,6 +66,7 @@ class SubscriberConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     name: str | None = None  # subscriber name in telemetry
+    report: str | None = None  # redis:// URL: latency samples and status for the dashboard
     mqtt_tls_ca: str | None = None
     mqtt_tls_insecure: bool = False
     retries: int = 5
@@ -241,13 +243,16 @@ class Subscriber:
                 topic = broker.path.lstrip("/")
                 prefix = topic.split("/")[0] if topic else "resourcesync"
             url = f"{broker.scheme}://{broker.netloc}"
-            client_id = f"rsnotify-sub-{collection_id(str(Path(config.into).resolve()))}"
+            # One persistent session per mirror.  Keep the id's tail when shortening
+            # it to 64 characters: the tail (path end and digest) tells mirrors apart.
+            mirror_id = collection_id(str(Path(config.into).resolve()))
+            client_id = f"rsnotify-sub-{mirror_id[-(64 - len('rsnotify-sub-')) :]}"
             self._channels.append(
                 MqttChannel(
                     url,
                     mqtt_sinks,
                     topic_prefix=prefix,
-                    client_id=client_id[:64],
+                    client_id=client_id,
                     tls_ca=config.mqtt_tls_ca,
                     tls_insecure=config.mqtt_tls_insecure,
                 )
@@ -255,6 +260,9 @@ class Subscriber:
         # Channels first, so nothing published during the catch-up is missed.
         for channel in self._channels:
             channel.start()
+        if config.report:  # telemetry for `rsnotify dashboard` (see rsnotify.report)
+            reporter = SubscriberReporter(config.report, self).attach()
+            self._tasks.append(asyncio.create_task(reporter.run()))
 
     def _telemetry(self, collection: str):  # type: ignore[no-untyped-def]
         def on_applied(n: Notification, received: float, applied: float) -> None:

@@ -47,6 +47,9 @@ from .gaps import Gap, GapDetector, Verdict
 log = logging.getLogger("rsnotify.subscribe")
 
 QUEUE_SIZE = 100_000
+CATCH_UP_PASSES = 10**9  # reads of the Change Lists per catch-up (see _walk_change_lists)
+SAVE_INTERVAL = 1.0  # seconds between cursor writes while changes keep coming
+CATCH_UP_ATTEMPTS = 5  # reads of the Change Lists before a catch-up gives up
 
 
 @dataclass(slots=True)
@@ -174,12 +177,23 @@ class CollectionSync:
         self._wake.set()
 
     async def _commit_loop(self) -> None:
-        """Advance the durable cursor over the applied prefix, writing it in batches."""
+        """Advance the durable cursor over the applied prefix, writing it in batches.
+
+        A batch ends when the pipeline is empty or :data:`SAVE_INTERVAL` has
+        passed: under steady load, or during a long catch-up, the pipeline is
+        never empty, and a crash would then re-apply everything since the
+        process started.
+        """
         while True:
             await self._wake.wait()
             self._wake.clear()
             moved = False
+            saved = time.monotonic()
             while self._pending:
+                if moved and time.monotonic() - saved >= SAVE_INTERVAL:
+                    await self.save()
+                    saved = time.monotonic()
+                    moved = False
                 item = self._pending[0]
                 if item.future is not None:
                     try:
@@ -228,14 +242,27 @@ class CollectionSync:
 
     # -- catch-up ---------------------------------------------------------------------
 
-    async def _walk_change_lists(self) -> int:
-        """Apply every Change List entry after the cursor; returns how many were new."""
+    async def _walk_change_lists(self, *, wait: bool = True) -> int:
+        """Apply every Change List entry after the cursor; returns how many were new.
+
+        One pass reads every list to its current end, which is all a catch-up
+        owes: changes made while the pass is applied arrive as notifications
+        (the channel subscribed before the catch-up began) or are found by the
+        next gap or safety poll.  A few more passes shorten what the queue must
+        carry, but the walk stops after :data:`CATCH_UP_PASSES`: "until a pass
+        finds nothing" never ends under a Source that changes faster than a
+        pass takes, and ``--once`` would never return.  Passes are submitted
+        back to back and drained once at the end (if ``wait``): a change whose
+        resource has moved on fails its fixity check until the newer change is
+        queued behind it (then it is superseded at once), so draining between
+        passes would make every pass wait out that change's retries.
+        """
         backoff = Backoff(maximum=10.0)
         applied = 0
         while True:
             try:
                 self.watcher.reset(self._submitted)
-                while True:
+                for _ in range(CATCH_UP_PASSES):
                     result = await self.watcher.poll()
                     if not result.count:
                         break
@@ -243,9 +270,15 @@ class CollectionSync:
                         for entry in found.entries:
                             self._submit(entry, entry, found.changelist, None)
                             applied += 1
+                    self.watcher.commit(result.checkpoint)
                     await self.drain()
                 return applied
             except (FetchError, DocumentError) as exc:
+                if backoff.attempts + 1 >= CATCH_UP_ATTEMPTS:
+                    # Not forever: ``--once`` must end with the reason, and a live
+                    # engine is restarted from its cursor by the service, with a
+                    # longer backoff and the error in the log.
+                    raise
                 delay = backoff.next()
                 log.warning(
                     "%s: catch-up from the Change List Index failed (%s); retrying in %.1fs",
@@ -256,20 +289,28 @@ class CollectionSync:
                 )
                 await asyncio.sleep(delay)
 
-    async def catch_up(self, gap: Gap) -> None:
-        """Resolve a gap: replay from the log if the channel can, else walk the Change Lists."""
+    async def catch_up(self, gap: Gap, *, wait: bool = True) -> None:
+        """Resolve a gap: replay from the log if the channel can, else walk the Change Lists.
+
+        With ``wait=False`` (a gap found while live) a walk returns as soon as
+        what it found is submitted: the pipeline applies it in order while the
+        engine goes on consuming notifications, whose newer changes supersede
+        the entries the Source has moved past.  Waiting instead would stall
+        push for as long as such an entry retries its fixity check.
+        """
         started = time.monotonic()
         self.stats.gaps += 1
         self.stats.state = "catching-up"
         self._event("gap", gap.reason, {"size": gap.size, "first": gap.first_missing})
-        await self.drain()
-        if (
+        replayable = (
             self.replay is not None
             and not self._replay_refused
-            and self.applied_seq is not None
             and gap.reason != "safety poll"
             and not gap.reason.startswith("no heartbeat")
-        ):
+        )
+        if replayable or wait:
+            await self.drain()  # a replay starts after what is applied
+        if replayable and self.replay is not None and self.applied_seq is not None:
             # The log may still hold the range: ask for it; the replay arrives as messages.
             self._buffer.clear()
             self.detector.caught_up(self.applied_seq, now=time.monotonic())
@@ -277,14 +318,15 @@ class CollectionSync:
             self.stats.state = "live"
             self._event("replay", f"from seq {self.applied_seq + 1}", {})
             return
-        applied = await self._walk_change_lists()
+        applied = await self._walk_change_lists(wait=wait)
         self._replay_refused = False
         last_seq: int | None = None
         for n in sorted(self._buffer, key=lambda n: n.seq):
             self._submit(n, _entry_of(n), n.changelist, n.seq, n)
             last_seq = n.seq
         self._buffer.clear()
-        await self.drain()
+        if wait:
+            await self.drain()
         self.detector.caught_up(last_seq, now=time.monotonic())
         self.stats.catchups += 1
         duration = time.monotonic() - started
@@ -389,7 +431,7 @@ class CollectionSync:
             if self.failure is not None:
                 raise self.failure
             if gap is not None:
-                await self.catch_up(gap)
+                await self.catch_up(gap, wait=False)
 
     async def once(self) -> None:
         """Catch up to the Source's current state and stop (``--once``)."""

@@ -1,0 +1,396 @@
+"""Reads what the dashboard shows from Redis (and, optionally, MQTT heads).
+
+Two kinds of reading, each on its own connection:
+
+* a **tail** of the telemetry streams (latency samples and events) with a
+  blocking ``XREAD``, so every sample is counted once, as it arrives;
+* a **refresh** once per snapshot: the collections (``rsn:collections``),
+  each log's head and earliest entry, the new entries of each log (their
+  logged and change times, for lag and publish rate), and the status of every
+  subscriber and publisher, in two or three pipelined round trips whatever
+  the number of subscribers.
+
+With ``--mqtt`` it also subscribes to the retained ``<prefix>/+/head``
+messages, whose heartbeat tells whether a publisher is alive even when it
+does not report to Redis.  The dashboard never writes to Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from .. import w3cdt
+from ..backoff import Backoff
+from ..errors import RsNotifyError
+from ..log.redis_log import COLLECTIONS_KEY
+from ..report import (
+    EVENTS_KEY,
+    PUBLISHERS_KEY,
+    SAMPLES_KEY,
+    SUBSCRIBERS_KEY,
+    LatencySample,
+    publisher_key,
+    raise_if_cancelled,
+    subscriber_key,
+)
+from .state import DashboardState, LogIndex
+
+log = logging.getLogger("rsnotify.dashboard")
+
+TAIL_START = 2_000  # log entries read back when a collection is first seen
+TAIL_BATCH = 10_000
+FORGET_AFTER = 24 * 3600.0  # statuses older than this are not shown at all
+BACKFILL = 3600.0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _log_keys(collection: str) -> tuple[str, str]:
+    tag = "{" + collection + "}"
+    return f"rsn:{tag}:log", f"rsn:{tag}:meta"
+
+
+def _seq(stream_id: Any) -> int:
+    return int(_text(stream_id).split("-", 1)[0])
+
+
+def _log_entry(stream_id: Any, fields: dict[bytes, bytes]) -> tuple[int, float, float | None]:
+    """(seq, logged epoch s, change time epoch s or None) of one log record."""
+    logged = int(fields.get(b"t", 0) or 0) / 1000.0
+    changed: float | None = None
+    try:
+        value = json.loads(fields[b"d"]).get("datetime")
+        if isinstance(value, str):
+            changed = w3cdt.parse(value).timestamp()
+    except (ValueError, KeyError, TypeError, AttributeError, RsNotifyError):
+        changed = None
+    return _seq(stream_id), logged, changed
+
+
+def _status(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def check_redis_url(url: str) -> str:
+    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        raise RsNotifyError(f"{url!r}: --redis must be a redis://, rediss:// or unix:// URL")
+    return url
+
+
+class Collector:
+    """Feeds a :class:`DashboardState`; :meth:`refresh` before each snapshot."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        state: DashboardState,
+        *,
+        mqtt_url: str | None = None,
+        topic_prefix: str = "resourcesync",
+        on_samples: Callable[[list[LatencySample], list[dict[str, float]]], None] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.url = check_redis_url(redis_url)
+        self.state = state
+        self.on_samples = on_samples
+        self.on_event = on_event
+        try:
+            self.redis = aioredis.Redis.from_url(
+                redis_url, socket_timeout=5.0, socket_connect_timeout=5.0
+            )
+            self._blocking = aioredis.Redis.from_url(redis_url, socket_connect_timeout=5.0)
+        except ValueError as exc:
+            raise RsNotifyError(f"{redis_url!r}: {exc}") from None
+        self.mqtt = MqttHeads(mqtt_url, topic_prefix, self._on_head) if mqtt_url else None
+        self.ok = False
+        self.error: str | None = None
+        self.last_ok: float | None = None
+        self._tail_task: asyncio.Task[None] | None = None
+        self._samples_id = "0-0"
+        self._events_id = "0-0"
+        self.backfilled = asyncio.Event()
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.mqtt is not None:
+            self.mqtt.start(asyncio.get_running_loop())
+        self._tail_task = asyncio.create_task(self._tail())
+
+    async def stop(self) -> None:
+        if self._tail_task is not None:
+            self._tail_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tail_task
+        if self.mqtt is not None:
+            await self.mqtt.stop()
+        await self.redis.aclose()
+        await self._blocking.aclose()
+
+    # -- telemetry streams ------------------------------------------------------------------
+
+    def _ingest_samples(self, rows: list[tuple[Any, dict[Any, Any]]]) -> None:
+        if not rows:
+            return
+        samples = []
+        for _stream_id, fields in rows:
+            try:
+                samples.append(LatencySample.from_fields(fields))
+            except (ValueError, KeyError):
+                self.state.samples_bad += 1
+        stages = self.state.add_samples(samples, _text(rows[-1][0]))
+        if self.on_samples is not None:
+            self.on_samples(samples, stages)
+
+    def _ingest_event(self, stream_id: Any, fields: dict[Any, Any]) -> None:
+        f = {_text(k): _text(v) for k, v in fields.items()}
+        try:
+            data = json.loads(f.get("j") or "{}")
+            at = float(f.get("a") or 0.0)
+        except ValueError:
+            data, at = {}, 0.0
+        event = {
+            "at": at if math.isfinite(at) else 0.0,
+            "collection": f.get("c", ""),
+            "subscriber": f.get("s", ""),
+            "kind": f.get("k", ""),
+            "detail": f.get("m", ""),
+            "data": data if isinstance(data, dict) else {},
+            "source": "subscriber",
+        }
+        self.state.add_event(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    async def _backfill(self) -> None:
+        """The last hour of samples still in the stream, and the latest events."""
+        self.state.latency.advance(time.time())
+        start = f"{int((time.time() - BACKFILL) * 1000)}-0"
+        while True:
+            rows = await self._blocking.xrange(SAMPLES_KEY, start, "+", count=TAIL_BATCH)
+            self._ingest_samples(rows)
+            if rows:
+                self._samples_id = _text(rows[-1][0])
+                start = f"({self._samples_id}"
+            if len(rows) < TAIL_BATCH:
+                break
+            await asyncio.sleep(0)
+        recent = await self._blocking.xrevrange(EVENTS_KEY, "+", "-", count=100)
+        for stream_id, fields in reversed(recent):
+            self._ingest_event(stream_id, fields)
+        if recent:
+            self._events_id = _text(recent[0][0])
+        if self._samples_id == "0-0":  # nothing in the last hour: count only what comes next
+            self._samples_id = start
+
+    async def _tail(self) -> None:
+        backoff = Backoff(maximum=5.0)
+        backfilled = False
+        while True:
+            try:
+                if not backfilled:
+                    await self._backfill()
+                    backfilled = True
+                    self.backfilled.set()
+                reply = await self._blocking.xread(
+                    {SAMPLES_KEY: self._samples_id, EVENTS_KEY: self._events_id},
+                    count=TAIL_BATCH,
+                    block=1000,
+                )
+                raise_if_cancelled()
+                backoff.reset()
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                delay = backoff.next()
+                log.warning("reading telemetry streams failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            for key, rows in reply or ():
+                if not rows:
+                    continue
+                if _text(key) == SAMPLES_KEY:
+                    self._ingest_samples(rows)
+                    self._samples_id = _text(rows[-1][0])
+                else:
+                    for stream_id, fields in rows:
+                        self._ingest_event(stream_id, fields)
+                    self._events_id = _text(rows[-1][0])
+
+    # -- the per-snapshot refresh -------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Read collections, heads, log tails and statuses; on failure keep what we had."""
+        try:
+            await self._refresh()
+        except (RedisError, OSError) as exc:
+            if self.ok or self.error is None:
+                log.warning("Redis at %s unavailable: %s", self.url, exc)
+            self.ok = False
+            self.error = str(exc) or type(exc).__name__
+            return
+        self.ok = True
+        self.error = None
+        self.last_ok = time.time()
+
+    async def _refresh(self) -> None:
+        state = self.state
+        now = time.time()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(COLLECTIONS_KEY)
+        pipe.zrangebyscore(SUBSCRIBERS_KEY, now - FORGET_AFTER, "+inf")
+        pipe.zrangebyscore(PUBLISHERS_KEY, now - FORGET_AFTER, "+inf")
+        known, subscriber_names, publisher_ids = await pipe.execute()
+        collections = {_text(k): _text(v) for k, v in known.items()}
+        for cid, url in collections.items():
+            state.collection(cid).capabilitylist = url
+        cids = list(collections)
+        subs = [_text(n) for n in subscriber_names]
+        pubs = [_text(n) for n in publisher_ids]
+        pipe = self.redis.pipeline(transaction=False)
+        for cid in cids:
+            log_key, meta_key = _log_keys(cid)
+            pipe.hget(meta_key, "head")
+            pipe.xrange(log_key, "-", "+", count=1)
+            last = state.collections[cid].index.last
+            if last is None:
+                pipe.xrevrange(log_key, "+", "-", count=TAIL_START)
+            else:
+                pipe.xrange(log_key, f"({last}-0", "+", count=TAIL_BATCH)
+        if subs:
+            pipe.mget([subscriber_key(n) for n in subs])
+        if pubs:
+            pipe.mget([publisher_key(p) for p in pubs])
+        replies = await pipe.execute()
+        for i, cid in enumerate(cids):
+            head, first, tail = replies[3 * i : 3 * i + 3]
+            info = state.collections[cid]
+            info.head = int(head or 0)
+            if info.index.last is not None and info.head < info.index.last:
+                info.index = LogIndex()  # a new log under the same name (Redis flushed)
+            info.earliest = _seq(first[0][0]) if first else info.head + 1
+            rows = tail if info.index.last is not None else list(reversed(tail))
+            info.index.extend(_log_entry(stream_id, fields) for stream_id, fields in rows)
+        rest = replies[3 * len(cids) :]
+        statuses = rest.pop(0) if subs else []
+        published = rest.pop(0) if pubs else []
+        state.subscribers = {
+            name: status
+            for name, raw in zip(subs, statuses, strict=True)
+            if (status := _status(raw)) is not None
+        }
+        state.publishers = {
+            pid: status
+            for pid, raw in zip(pubs, published, strict=True)
+            if (status := _status(raw)) is not None
+        }
+        wanted = state.wanted_lookups()
+        if wanted:
+            pipe = self.redis.pipeline(transaction=False)
+            for cid, seq in wanted[:1000]:
+                pipe.xrange(_log_keys(cid)[0], f"{seq}-0", f"{seq}-0", count=1)
+            for (cid, seq), rows in zip(wanted, await pipe.execute(), strict=False):
+                state.remember(cid, seq, _log_entry(*rows[0])[1:] if rows else None)
+
+    # -- MQTT heads ------------------------------------------------------------------------
+
+    def _on_head(self, collection: str, body: dict[str, Any]) -> None:
+        beat = body.get("heartbeat")
+        try:
+            heartbeat = w3cdt.parse(beat).timestamp() if isinstance(beat, str) else None
+        except RsNotifyError:
+            heartbeat = None
+        self.state.mqtt_heads[collection] = {
+            "head": body.get("head") if isinstance(body.get("head"), int) else None,
+            "earliest": body.get("earliest") if isinstance(body.get("earliest"), int) else None,
+            "heartbeat": heartbeat,
+            "publisher": str(body.get("publisher") or ""),
+            "received": time.time(),
+        }
+
+
+class MqttHeads:
+    """Subscribes to every collection's retained head message (paho on its own thread)."""
+
+    def __init__(
+        self, url: str, prefix: str, on_head: Callable[[str, dict[str, Any]], None]
+    ) -> None:
+        from ..transport.mqtturl import parse_broker_url
+
+        self.broker = parse_broker_url(url)
+        self.prefix = prefix
+        self.on_head = on_head
+        self._client: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.connected = False
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        import os
+
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self._loop = loop
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"rsnotify-dashboard-{os.getpid()}-{id(self) & 0xFFFF:x}",
+            reconnect_on_failure=True,
+        )
+        if self.broker.username is not None:
+            client.username_pw_set(self.broker.username, self.broker.password)
+        if self.broker.tls:
+            client.tls_set_context(ssl.create_default_context())
+        client.reconnect_delay_set(min_delay=1, max_delay=10)
+        topic = f"{self.prefix}/+/head"
+
+        def on_connect(c: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+            if not reason.is_failure:
+                self.connected = True
+                c.subscribe(topic, qos=0)
+
+        def on_disconnect(_c: Any, _u: Any, _f: Any, _r: Any, _p: Any) -> None:
+            self.connected = False
+
+        def on_message(_c: Any, _u: Any, message: Any) -> None:
+            parts = message.topic.split("/")
+            if len(parts) < 3 or parts[-1] != "head":
+                return
+            try:
+                body = json.loads(message.payload)
+            except ValueError:
+                return
+            if isinstance(body, dict) and self._loop is not None:
+                self._loop.call_soon_threadsafe(self.on_head, parts[-2], body)
+
+        client.on_connect = on_connect
+        client.on_disconnect = on_disconnect
+        client.on_message = on_message
+        client.connect_async(self.broker.host, self.broker.port, keepalive=30)
+        client.loop_start()
+        self._client = client
+
+    async def stop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await asyncio.to_thread(client.disconnect)
+            await asyncio.to_thread(client.loop_stop)

@@ -1,0 +1,114 @@
+"""``rsnotify dashboard``: the command-line front of :mod:`.server`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from ..errors import RsNotifyError
+from ..logs import setup as setup_logging
+from .server import Dashboard, DashboardConfig
+
+NAME = "dashboard"
+HELP = "serve a live page of publish rates, subscriber lags and end-to-end latency"
+
+log = logging.getLogger("rsnotify.dashboard")
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--redis",
+        default="redis://127.0.0.1:6379/0",
+        metavar="URL",
+        help="the Redis holding the log and the telemetry (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mqtt",
+        metavar="URL",
+        help="also read publisher heartbeats from the retained <prefix>/<collection>/head",
+    )
+    parser.add_argument("--topic-prefix", default="resourcesync", help="MQTT topic prefix")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
+    parser.add_argument("--port", type=_port, default=8080, help="port; 0 picks a free one")
+    parser.add_argument(
+        "--interval", type=_positive, default=1.0, help="seconds between page updates (default 1)"
+    )
+    parser.add_argument(
+        "--offline-after",
+        type=_positive,
+        default=5.0,
+        help="a subscriber silent this many seconds is offline (default 5)",
+    )
+    parser.add_argument(
+        "--stale-after",
+        type=_positive,
+        default=15.0,
+        help="a publisher heartbeat older than this is stale (default 15)",
+    )
+    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
+
+
+async def _serve(config: DashboardConfig) -> int:
+    dashboard = Dashboard(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await dashboard.start()
+    except OSError as exc:
+        print(f"rsnotify dashboard: cannot serve on {config.host}:{config.port}: {exc}", flush=True)
+        await dashboard.stop()
+        return 1
+    print(f"rsnotify dashboard: serving {dashboard.url}", flush=True)
+    if not dashboard.collector.ok:
+        print(
+            f"rsnotify dashboard: Redis not answering yet: {dashboard.collector.error}", flush=True
+        )
+    try:
+        await stop.wait()
+    finally:
+        await dashboard.stop()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level, args.log_format)
+    try:
+        config = DashboardConfig(
+            redis=args.redis,
+            mqtt=args.mqtt,
+            topic_prefix=args.topic_prefix,
+            host=args.host,
+            port=args.port,
+            interval=args.interval,
+            offline_after=args.offline_after,
+            stale_after=args.stale_after,
+        )
+        return asyncio.run(_serve(config))
+    except RsNotifyError as exc:
+        print(f"rsnotify dashboard: {exc}", flush=True)
+        return 2
