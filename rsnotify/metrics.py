@@ -7,7 +7,8 @@ serves it with ``/metrics`` and ``/healthz`` on ``--metrics-port``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -89,3 +90,15 @@ async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunn
     server = site._server  # aiohttp exposes the bound sockets only here
     bound = server.sockets[0].getsockname()[1] if server and server.sockets else port
     return runner, bound
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0
+) -> AsyncIterator[str]:
+    """Run ``app`` for the duration of a ``with`` block; yields its base URL (no slash)."""
+    runner, bound = await serve(app, host, port)
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        await runner.cleanup()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import itertools
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ from aiohttp import web
 from rsnotify.devstack import async_wait_for
 from rsnotify.envelope import Notification
 from rsnotify.fetch import Fetcher
+from rsnotify.metrics import serving
 from rsnotify.model import ChangeType, Entry, Link
 from rsnotify.subscriber.applier import Applier, Hooks, InvalidChange, Outcome
 from rsnotify.subscriber.mirror import TEMP_PREFIX, Mirror
@@ -31,19 +31,6 @@ def at(seconds: int) -> datetime:
 
 def fixity(body: bytes) -> str:
     return f"md5:{hashlib.md5(body).hexdigest()} sha-256:{hashlib.sha256(body).hexdigest()}"
-
-
-@contextlib.asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
 
 
 class Source:
@@ -98,7 +85,7 @@ class Source:
 @pytest.fixture
 async def source() -> AsyncIterator[Source]:
     src = Source()
-    async with serve(src.app) as base:
+    async with serving(src.app) as base:
         src.base = base
         try:
             yield src
@@ -112,7 +99,7 @@ async def source() -> AsyncIterator[Source]:
 async def other() -> AsyncIterator[Source]:
     """A second origin: a mirror host, or somewhere a forged notification points."""
     src = Source()
-    async with serve(src.app) as base:
+    async with serving(src.app) as base:
         src.base = base
         try:
             yield src

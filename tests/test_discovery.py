@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -24,6 +23,7 @@ from rsnotify.discovery import (
 )
 from rsnotify.errors import DiscoveryError, DocumentError
 from rsnotify.fetch import Fetcher
+from rsnotify.metrics import serving
 
 NS = (
     'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
@@ -260,24 +260,10 @@ class Site:
         return web.Response(status=status, headers=headers, body=body)
 
 
-@contextlib.asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[str]:
-    """Run ``app`` on a free loopback port; yield its base URL (no trailing slash)."""
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
-
-
 @pytest.fixture
 async def site() -> AsyncIterator[tuple[Site, str, Fetcher]]:
     s = Site()
-    async with serve(s.app) as base, Fetcher() as fetcher:
+    async with serving(s.app) as base, Fetcher() as fetcher:
         yield s, base, fetcher
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gzip
 from collections.abc import AsyncIterator
 
@@ -21,24 +20,11 @@ from rsnotify.fetch import (
     origin_of,
     parse_link_header,
 )
+from rsnotify.metrics import serving
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes
 ETAG = '"v1"'
 LAST_MODIFIED = "Wed, 21 Oct 2015 07:28:00 GMT"
-
-
-@contextlib.asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[str]:
-    """Run ``app`` on a free loopback port; yield its base URL (no trailing slash)."""
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
 
 
 class Source:
@@ -165,7 +151,7 @@ class Source:
 @pytest.fixture
 async def source() -> AsyncIterator[tuple[Source, str]]:
     src = Source()
-    async with serve(src.app) as base:
+    async with serving(src.app) as base:
         try:
             yield src, base
         finally:
@@ -384,7 +370,7 @@ async def test_redirect_loop_is_refused(source, fetcher):
 async def test_allowed_origins(source):
     _, base = source
     other = Source()
-    async with serve(other.app) as other_base, Fetcher(allowed_origins=[base + "/"]) as fetcher:
+    async with serving(other.app) as other_base, Fetcher(allowed_origins=[base + "/"]) as fetcher:
         assert (await fetcher.get(f"{base}/doc")).body == DATA
 
         with pytest.raises(OriginNotAllowed, match="is not allowed") as caught:
