@@ -47,7 +47,7 @@ from .gaps import Gap, GapDetector, Verdict
 log = logging.getLogger("rsnotify.subscribe")
 
 QUEUE_SIZE = 100_000
-CATCH_UP_PASSES = 10**9  # reads of the Change Lists per catch-up (see _walk_change_lists)
+CATCH_UP_PASSES = 3  # reads of the Change Lists per catch-up (see _walk_change_lists)
 SAVE_INTERVAL = 1.0  # seconds between cursor writes while changes keep coming
 CATCH_UP_ATTEMPTS = 5  # reads of the Change Lists before a catch-up gives up
 
@@ -271,6 +271,7 @@ class CollectionSync:
                             self._submit(entry, entry, found.changelist, None)
                             applied += 1
                     self.watcher.commit(result.checkpoint)
+                if wait:
                     await self.drain()
                 return applied
             except (FetchError, DocumentError) as exc:

@@ -1,0 +1,257 @@
+"""Push-free interoperability: ``rsnotify subscribe --once`` against a ``resync``-built Source.
+
+No publisher, no broker: a plain ``python -m http.server`` serves a directory
+whose ResourceSync documents were all written by ``resync-build`` 2.0.1, the
+reference tool (Source Description, Capability List, Resource List, Change
+Lists).  ``--once`` must baseline from the Resource List, and later runs must
+apply the Change Lists ``resync-build --write-changelist`` computes after
+files are modified, added and deleted, until the mirror equals the served
+files byte for byte.
+
+What ``resync-build`` writes, and how the scenario accommodates it (these are
+resync's quirks, found here; rsnotify follows the specification):
+
+* A Change List groups its entries by change type (updated, then deleted,
+  then created), not in forward chronological order as section 12 requires.
+* A deletion carries the deleted file's *last modification time* from the
+  reference Resource List, not the time of the deletion, so it can predate
+  changes already applied (and even the Resource List's ``at``), and a
+  Destination that locates its place by change time rightly skips it.
+* No ``from`` on the Change List, URIs with raw spaces, ``<lastmod>`` as the
+  change time even in 1.1 mode.
+
+So each round's file times are set so that resync's grouping is also
+chronological (all changes of a round share one time), and a file is deleted
+in the round after it was last modified (its deletion then carries that
+round's time, which is after the cursor's boundary).  This is also how a
+Source that regenerates its Resource List every round would have to drive
+resync-build to publish a usable Change List.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rsnotify import sitemap
+from rsnotify.devstack import ManagedProcess
+from rsnotify.model import ChangeType
+from rsnotify.subscriber.mirror import TEMP_PREFIX, path_for
+
+RESYNC_BUILD = str(Path(sys.executable).with_name("resync-build"))
+RunProcess = Callable[..., ManagedProcess]
+
+
+class ResyncSource:
+    """A directory served by http.server whose documents resync-build writes."""
+
+    def __init__(self, root: Path, base: str) -> None:
+        self.root = root
+        self.base = base
+        self.files = root / "res"
+        self.files.mkdir(parents=True, exist_ok=True)
+        (root / ".well-known").mkdir(exist_ok=True)
+
+    def url(self, name: str) -> str:
+        return f"{self.base}{name}"
+
+    def build(self, *args: str) -> None:
+        done = subprocess.run(
+            [RESYNC_BUILD, *args],
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, f"resync-build {args}: {done.stdout}{done.stderr}"
+
+    def mapping(self) -> str:
+        return f"{self.url('res/')}={self.files}"
+
+    def write_resourcelist(self) -> None:
+        self.build(
+            "--write-resourcelist",
+            "--hash", "md5", "--hash", "sha-256",
+            "--capabilitylist-link", self.url("capabilitylist.xml"),
+            "--outfile", str(self.root / "resourcelist.xml"),
+            self.mapping(),
+        )  # fmt: skip
+
+    def write_changelist(self) -> None:
+        """The changes since the current Resource List (resync-build compares the two)."""
+        self.build(
+            "--write-changelist",
+            "--reference", str(self.root / "resourcelist.xml"),
+            "--hash", "md5", "--hash", "sha-256",
+            "--capabilitylist-link", self.url("capabilitylist.xml"),
+            "--outfile", str(self.root / "changelist.xml"),
+            self.mapping(),
+        )  # fmt: skip
+
+    def publish_initial(self) -> None:
+        self.write_resourcelist()
+        self.build(
+            "--write-changelist", "--empty",
+            "--capabilitylist-link", self.url("capabilitylist.xml"),
+            "--outfile", str(self.root / "changelist.xml"),
+        )  # fmt: skip
+        self.build(
+            "--write-capabilitylist",
+            f"resourcelist={self.url('resourcelist.xml')},"
+            f"changelist={self.url('changelist.xml')}",
+            "--sourcedescription-link", self.url(".well-known/resourcesync"),
+            "--outfile", str(self.root / "capabilitylist.xml"),
+        )  # fmt: skip
+        self.build(
+            "--write-sourcedescription", self.url("capabilitylist.xml"),
+            "--outfile", str(self.root / ".well-known" / "resourcesync"),
+        )  # fmt: skip
+
+    def write(self, name: str, data: bytes, mtime: float) -> None:
+        path = self.files / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        os.utime(path, (mtime, mtime))
+
+    def served(self) -> dict[str, str]:
+        """loc -> SHA-256 of every served resource file."""
+        return {
+            self.url("res/" + p.relative_to(self.files).as_posix()): hashlib.sha256(
+                p.read_bytes()
+            ).hexdigest()
+            for p in self.files.rglob("*")
+            if p.is_file()
+        }
+
+
+def differences(source: ResyncSource, mirror: Path) -> list[str]:
+    expected = {path_for(loc, mirror): sha for loc, sha in source.served().items()}
+    found = {p for p in mirror.rglob("*") if p.is_file() and not p.name.startswith(TEMP_PREFIX)}
+    out = [f"missing {p}" for p in expected.keys() - found]
+    out += [f"extra {p}" for p in found - expected.keys()]
+    out += [
+        f"differs {p}"
+        for p in found & expected.keys()
+        if hashlib.sha256(p.read_bytes()).hexdigest() != expected[p]
+    ]
+    return sorted(out)
+
+
+def subscribe_once(run: RunProcess, source: ResyncSource, mirror: Path) -> str:
+    process = run("subscribe", source.base, "--into", str(mirror), "--once", "--log-format", "json")
+    code = process.wait(timeout=60)
+    assert code == 0, process.tail()
+    return process.output("stdout")
+
+
+def changes(source: ResyncSource) -> list[tuple[str, ChangeType | None]]:
+    document = sitemap.parse((source.root / "changelist.xml").read_bytes(), allow_unordered=True)
+    return [(e.loc, e.change) for e in document.entries]
+
+
+def test_once_mirrors_a_source_built_by_resync(
+    tmp_path: Path,
+    process_factory: Callable[..., ManagedProcess],
+    rsnotify_process: RunProcess,
+) -> None:
+    www = tmp_path / "www"
+    www.mkdir()
+    server = process_factory(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "-d", str(www), "0"],
+        name="http.server",
+    )
+    port = server.wait_for_line(r"Serving HTTP on \S+ port (\d+)", timeout=30).group(1)
+    source = ResyncSource(www, f"http://127.0.0.1:{port}/")
+    mirror = tmp_path / "mirror"
+
+    # Round 1: the baseline, from a Resource List (the Change List is empty).
+    t0 = time.time() - 3600
+    source.write("a.txt", b"alpha\n", t0)
+    source.write("b.txt", b"bravo\n", t0)
+    source.write("sub/c d.txt", b"charlie, with a space in its name\n", t0)
+    source.write("sub/x&y.txt", b"x and y\n", t0)
+    source.publish_initial()
+    out = subscribe_once(rsnotify_process, source, mirror)
+    assert "baseline: 4 files" in out, out
+    assert differences(source, mirror) == []
+
+    # Round 2: modify two files, add one.  All at one time after the Resource List.
+    t2 = time.time() + 1
+    source.write("a.txt", b"alpha, second version\n", t2)
+    source.write("b.txt", b"bravo, second version\n", t2)
+    source.write("e.txt", b"echo, new\n", t2)
+    source.write_changelist()
+    source.write_resourcelist()  # the reference for the next round's Change List
+    assert sorted(changes(source)) == [
+        (source.url("res/a.txt"), ChangeType.UPDATED),
+        (source.url("res/b.txt"), ChangeType.UPDATED),
+        (source.url("res/e.txt"), ChangeType.CREATED),
+    ]
+    out = subscribe_once(rsnotify_process, source, mirror)
+    assert "(3 applied, 0 failed)" in out, out
+    assert differences(source, mirror) == []
+
+    # Round 3: delete a file modified last round, add one with an odd name.
+    t3 = t2 + 1
+    (source.files / "b.txt").unlink()
+    source.write("sub/new file ü.txt", b"a late addition\n", t3)
+    source.write_changelist()
+    assert [change for _, change in changes(source)] == [ChangeType.DELETED, ChangeType.CREATED]
+    out = subscribe_once(rsnotify_process, source, mirror)
+    assert "(2 applied, 0 failed)" in out, out
+    assert differences(source, mirror) == []
+    assert not path_for(source.url("res/b.txt"), mirror).exists()
+
+    # Nothing new: a fourth run applies nothing and the mirror stays equal.
+    out = subscribe_once(rsnotify_process, source, mirror)
+    assert "(0 applied, 0 failed)" in out, out
+    assert differences(source, mirror) == []
+
+
+def test_once_ends_with_a_clear_error_on_a_change_list_out_of_order(
+    tmp_path: Path,
+    process_factory: Callable[..., ManagedProcess],
+    rsnotify_process: RunProcess,
+) -> None:
+    """resync-build's natural output after an update and a deletion is out of order.
+
+    It lists the update (this round's time) before the deletion (the deleted
+    file's old time).  The subscriber must not guess, nor retry forever:
+    ``--once`` exits non-zero naming the problem and the entry, and leaves
+    the mirror as it was.
+    """
+    www = tmp_path / "www"
+    www.mkdir()
+    server = process_factory(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "-d", str(www), "0"],
+        name="http.server",
+    )
+    port = server.wait_for_line(r"Serving HTTP on \S+ port (\d+)", timeout=30).group(1)
+    source = ResyncSource(www, f"http://127.0.0.1:{port}/")
+    mirror = tmp_path / "mirror"
+    t0 = time.time() - 3600
+    source.write("a.txt", b"alpha\n", t0)
+    source.write("b.txt", b"bravo\n", t0)
+    source.publish_initial()
+    subscribe_once(rsnotify_process, source, mirror)
+    before = {p: p.read_bytes() for p in mirror.rglob("*") if p.is_file()}
+
+    source.write("a.txt", b"alpha, second version\n", time.time() + 1)
+    (source.files / "b.txt").unlink()
+    source.write_changelist()
+    assert changes(source) == [
+        (source.url("res/a.txt"), ChangeType.UPDATED),
+        (source.url("res/b.txt"), ChangeType.DELETED),
+    ]
+    process = rsnotify_process("subscribe", source.base, "--into", str(mirror), "--once")
+    assert process.wait(timeout=60) == 1, process.tail()
+    said = process.output("stdout")
+    assert "not in forward chronological order" in said, said
+    assert source.url("res/b.txt") in said, said
+    assert {p: p.read_bytes() for p in mirror.rglob("*") if p.is_file()} == before
