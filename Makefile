@@ -14,19 +14,24 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Mosquitto and Redis come from Debian packages when their binaries are absent.
-# Tests and the demo start their own instances on free loopback ports; the
-# packaged services are never started or stopped here.
+# System tools come from Debian packages, installed only when missing:
+# mosquitto and redis-server (tests and the demo start their own instances on
+# free loopback ports; packaged services are never started or stopped here),
+# mosquitto-clients and systemd (deploy/ validation: mosquitto_sub in compose's
+# healthcheck, systemd-analyze verify), chromium (the dashboard's browser test).
+NEEDED := mosquitto:mosquitto mosquitto_sub:mosquitto-clients redis-server:redis-server \
+          systemd-analyze:systemd chromium:chromium
+
 services:
-	@command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || { \
-	  echo "installing mosquitto from Debian packages"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mosquitto; }
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing redis-server from Debian packages"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; }
-	@command -v chromium >/dev/null 2>&1 || { \
-	  echo "installing chromium from Debian packages (the dashboard's browser test)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core; }
+	@missing=""; for pair in $(NEEDED); do \
+	  bin=$${pair%%:*}; pkg=$${pair#*:}; \
+	  command -v $$bin >/dev/null 2>&1 || [ -x /usr/sbin/$$bin ] || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing from Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $$missing fonts-dejavu-core; \
+	fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rsnotify tests bench
