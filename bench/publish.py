@@ -120,31 +120,22 @@ def _ms(value: float | None) -> float | None:
 def _write_items(
     root: Path, items: Sequence[tuple[str, bytes | None]], made: set[Path], watched: str | None
 ) -> float | None:
-    """Write a DiskWriter snapshot the way ``rsnotify simulate --dir`` does.
+    """Write a DiskWriter snapshot exactly as ``rsnotify simulate --dir`` does.
 
-    Temp file in the same directory, then ``os.replace``; returns the wall time
-    just before ``watched`` (the open Change List) was renamed into place.
-    Done here rather than by ``DiskWriter.flush`` only to take that stamp.
+    Returns the wall time just before ``watched`` (the open Change List) was
+    renamed into place: stamped before the rename, never after, since a writer
+    descheduled right after it would make the publisher look faster.
     """
-    stamp = None
-    for rel, body in items:
-        path = root / rel
-        if body is None:
-            path.unlink(missing_ok=True)
-            continue
-        parent = path.parent
-        if parent not in made:
-            parent.mkdir(parents=True, exist_ok=True)
-            made.add(parent)
-        tmp = parent / f".{path.name}.tmp"
-        with open(tmp, "wb") as handle:
-            handle.write(body)
+    from rsnotify.simulator.diskwriter import write_files
+
+    stamps: list[float] = []
+
+    def stamp(rel: str) -> None:
         if rel == watched:
-            # Stamped before the rename, never after: a writer descheduled
-            # right after it would otherwise make the publisher look faster.
-            stamp = time.time()
-        os.replace(tmp, path)
-    return stamp
+            stamps.append(time.time())
+
+    write_files(root, items, made, stamp)
+    return stamps[-1] if stamps else None
 
 
 @dataclass(slots=True)

@@ -17,20 +17,12 @@ from rsnotify.log import NotificationLog
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.publisher.service import Publisher, PublisherConfig
-from rsnotify.simulator.server import Simulator, SimulatorConfig
+from tests.helpers import running_simulator
 
 
-@asynccontextmanager
-async def simulator(**options: Any) -> AsyncIterator[tuple[Simulator, str]]:
-    options.setdefault("rate", 0)
-    options.setdefault("seed", 7)
-    options.setdefault("resources", 20)
-    sim = Simulator(SimulatorConfig(**options))
-    url = await sim.start()
-    try:
-        yield sim, url
-    finally:
-        await sim.stop()
+def simulator(**options: Any) -> Any:
+    """The shared in-process simulator with this module's defaults."""
+    return running_simulator(**{**dict(seed=7, resources=20), **options})
 
 
 @asynccontextmanager

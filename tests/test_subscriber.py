@@ -16,25 +16,16 @@ import pytest
 from rsnotify.commands.audit import audit
 from rsnotify.devstack import Mosquitto, Redis, async_wait_for, free_port
 from rsnotify.publisher.service import Publisher, PublisherConfig
-from rsnotify.simulator.server import Simulator, SimulatorConfig
 from rsnotify.subscriber.cursor import AlreadyRunning
 from rsnotify.subscriber.mirror import TEMP_PREFIX, path_for
 from rsnotify.subscriber.resources import ResourceStore
 from rsnotify.subscriber.service import Subscriber, SubscriberConfig, default_state_dir
+from tests.helpers import running_simulator
 
 
-@asynccontextmanager
-async def simulator(**options: Any) -> AsyncIterator[tuple[Simulator, str]]:
-    options.setdefault("rate", 0)
-    options.setdefault("seed", 11)
-    options.setdefault("resources", 30)
-    options.setdefault("payload_bytes", 256)
-    sim = Simulator(SimulatorConfig(**options))
-    url = await sim.start()
-    try:
-        yield sim, url
-    finally:
-        await sim.stop()
+def simulator(**options: Any) -> Any:
+    """The shared in-process simulator with this module's defaults."""
+    return running_simulator(**{**dict(seed=11, resources=30, payload_bytes=256), **options})
 
 
 @asynccontextmanager

@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -39,7 +39,17 @@ MARKER = ".rsnotify-simulate"
 _log = logging.getLogger(__name__)
 
 
-def _write_all(root: Path, items: list[tuple[str, bytes | None]], made: set[Path]) -> None:
+def write_files(
+    root: Path,
+    items: Sequence[tuple[str, bytes | None]],
+    made: set[Path],
+    before_replace: Callable[[str], None] | None = None,
+) -> None:
+    """Write each file to a temporary name beside it, then rename it into place.
+
+    ``before_replace(rel)`` runs just before each rename (benchmarks stamp the
+    moment a document becomes visible to a watcher with it).
+    """
     for rel, body in items:
         path = root / rel
         if body is None:
@@ -52,6 +62,8 @@ def _write_all(root: Path, items: list[tuple[str, bytes | None]], made: set[Path
         tmp = parent / f".{path.name}.tmp"
         with open(tmp, "wb") as handle:
             handle.write(body)
+        if before_replace is not None:
+            before_replace(rel)
         os.replace(tmp, path)
 
 
@@ -171,7 +183,7 @@ class DiskWriter:
             if items:
                 loop = asyncio.get_running_loop()
                 try:
-                    await loop.run_in_executor(None, _write_all, self.root, items, self._made)
+                    await loop.run_in_executor(None, write_files, self.root, items, self._made)
                 except OSError as exc:
                     # Disk full, directory removed...: the live server keeps
                     # serving; the copy is abandoned and the error reported.
