@@ -26,6 +26,7 @@ from paho.mqtt.properties import Properties
 
 from rsnotify import envelope, outbound, w3cdt
 from rsnotify.collection import collection_id
+from rsnotify.devstack import HOST, Mosquitto, Redis, async_wait_for
 from rsnotify.envelope import SIGNATURE_PROPERTY, Notification, SignatureError
 from rsnotify.log import LogRecord, NotificationLog, Retention
 from rsnotify.log.redis_log import RedisLog
@@ -34,7 +35,6 @@ from rsnotify.model import ChangeType
 from rsnotify.transport import InvalidBrokerURL, SigningUnsupported, TransportError
 from rsnotify.transport.mqtt import CURSOR_NAME, MqttPusher
 from rsnotify.transport.mqtturl import parse_broker_url
-from tests.services import HOST, Mosquitto, Redis, async_wait_for
 
 C1 = collection_id("https://example.org/c1/capabilitylist.xml")
 C2 = collection_id("https://example.org/c2/capabilitylist.xml")
