@@ -108,7 +108,13 @@ class LeaderElection:
     ) -> None:
         """Campaign until elected, hold the lease, call back on every change; until stopping."""
         renew_every = self.ttl / 3
+        me = asyncio.current_task()
         while not stopping.is_set():
+            if me is not None and me.cancelling():
+                # redis-py (seen with 8.1) can swallow a CancelledError that lands
+                # mid-command.  A cancelled leader that went on renewing would
+                # hold the lease forever, so honour the request here.
+                raise asyncio.CancelledError
             try:
                 if self.leadership is None:
                     held = await self.try_acquire()
