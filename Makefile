@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint bench services venv clean
+.PHONY: test demo lint bench services venv clean chaos soak fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,28 @@ test: $(STAMP) services lint
 
 bench: $(STAMP) services
 	$(PY) -m bench.parse
+
+# Fault matrix (issue 8): every fault for CHAOS_MINUTES in total; writes chaos-report.json.
+# Needs root for the disk-full (tmpfs) and network-partition (ip netns) scenarios.
+CHAOS_MINUTES ?= 10
+chaos: $(STAMP) services
+	$(PY) -m tests.chaos --minutes $(CHAOS_MINUTES)
+
+# Soak (not in CI): SOAK_MINUTES at SOAK_RATE changes/s with SOAK_CLIENTS WebSocket
+# clients; RSS/fds sampled every minute; writes soak/soak-report.json and soak/soak.png.
+SOAK_MINUTES ?= 30
+SOAK_RATE    ?= 500
+SOAK_CLIENTS ?= 200
+soak: $(STAMP) services
+	$(PY) -m tests.chaos.soak --minutes $(SOAK_MINUTES) --rate $(SOAK_RATE) \
+	  --clients $(SOAK_CLIENTS) --out soak
+
+# Fuzzers (issue 8) for FUZZ_MINUTES in total: the hypothesis fuzzers of tests/fuzz,
+# plus coverage-guided atheris runs when it is installed (pip install atheris).
+# `make test` runs the same fuzzers for a bounded number of examples.
+FUZZ_MINUTES ?= 10
+fuzz: $(STAMP)
+	$(PY) -m tests.fuzz --minutes $(FUZZ_MINUTES)
 
 demo: $(STAMP) services
 	$(PY) -m rsnotify.demo

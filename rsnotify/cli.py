@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 
 from . import __version__, config
+from .runtime import tune_gc
 
 # (subcommand name, module, one-line help). Order is the order shown in --help.
 COMMANDS: list[tuple[str, str, str]] = [
@@ -68,6 +69,7 @@ def parse_command(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv_given = argv
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, modules = build_parser()
     if not argv or argv[0] not in modules:
@@ -80,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except config.ConfigError as exc:
         print(f"rsnotify {name}: configuration error:\n{exc}", file=sys.stderr)
         return 2
+    if argv_given is None:  # the program itself, not a caller embedding the CLI
+        tune_gc()
     try:
         return int(module.run(args) or 0)
     except KeyboardInterrupt:

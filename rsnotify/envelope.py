@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -42,6 +43,9 @@ NOTIFICATION_CAPABILITY = "changelist-notification"
 SIGNATURE_PROPERTY = "rsnotify-signature"  # MQTT 5 user property / WebSocket field name
 
 _CHANGES = {c.value: c for c in ChangeType}
+# Characters XML 1.0 cannot carry (as in sitemap.py), lone surrogates included.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+_TEXT_FIELDS = ("collection", "capabilitylist", "changelist", "loc", "hash", "type")
 
 
 class InvalidNotification(RsNotifyError):
@@ -165,9 +169,14 @@ def to_dict(n: Notification) -> dict[str, Any]:
     return out
 
 
+# One encoder for every call: json.dumps with options builds a new one each
+# time, which was a third of the cost of encoding an envelope.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def dumps(value: Mapping[str, Any]) -> bytes:
     """Canonical JSON bytes: sorted keys, compact, UTF-8."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _CANONICAL.encode(value).encode()
 
 
 def to_json(n: Notification) -> bytes:
@@ -202,7 +211,52 @@ def _time(value: Any, key: str) -> datetime:
 def _uri(value: str, key: str) -> str:
     if not value or len(value) > MAX_URI_CHARS:
         raise InvalidNotification(f"notification {key!r} is empty or longer than {MAX_URI_CHARS}")
+    # A URI has no surrounding white space; the XML form strips it, so " x" would
+    # decode from JSON as another resource than the same notification as XML.
+    if value != value.strip():
+        raise InvalidNotification(f"notification {key!r} has leading or trailing white space")
     return value
+
+
+def _check_chars(values: Any) -> None:
+    """Refuse text no Change List could hold: NUL and other controls, lone surrogates.
+
+    Every field comes from an XML document, so such a value is forged or garbage,
+    and it would break later (re-encoding as XML, UTF-8 paths, the apply log).
+    """
+    for value in values:
+        if isinstance(value, str) and _NOT_XML.search(value):
+            raise InvalidNotification("notification text holds characters XML 1.0 cannot carry")
+
+
+def _link_of(value: Any) -> dict[str, Any]:
+    """A link checked by the document parser's own rules, as the XML form carries it.
+
+    Unknown keys are dropped and values normalised, so a link decoded from JSON
+    is exactly the link the same notification decodes to as XML.
+    """
+    from . import sitemap
+
+    if not (
+        isinstance(value, dict)
+        and isinstance(value.get("rel"), str)
+        and isinstance(value.get("href"), str)
+    ):
+        raise InvalidNotification("links must be objects with string rel and href")
+    attrs: dict[str, str] = {}
+    for key in ("rel", "href", "hash", "path", "type", "encoding", "modified", "length", "pri"):
+        item = value.get(key)
+        if item is None:
+            continue
+        numeric = key in ("length", "pri")
+        if isinstance(item, bool) or not isinstance(item, int if numeric else str):
+            raise InvalidNotification(f"link {key!r} has the wrong type")
+        attrs[key] = str(item)
+    _check_chars(attrs.values())
+    try:
+        return _link_dict(sitemap._link(attrs, None))
+    except DocumentError as exc:
+        raise InvalidNotification(f"invalid link: {exc}") from None
 
 
 def from_dict(obj: Any) -> Notification:
@@ -224,14 +278,8 @@ def from_dict(obj: Any) -> Notification:
     length = _optional(obj, "length", int)
     if length is not None and length < 0:
         raise InvalidNotification("negative length")
-    links = _optional(obj, "links", list) or []
-    for link in links:
-        if not (
-            isinstance(link, dict)
-            and isinstance(link.get("rel"), str)
-            and isinstance(link.get("href"), str)
-        ):
-            raise InvalidNotification("links must be objects with string rel and href")
+    links = [_link_of(link) for link in _optional(obj, "links", list) or []]
+    _check_chars(obj.get(key) for key in _TEXT_FIELDS)
     return Notification(
         collection=collection,
         seq=seq,
@@ -389,5 +437,6 @@ def verify(payload: bytes, signature: str | None, keys: Mapping[str, bytes]) -> 
     if secret is None:
         raise SignatureError(f"unknown signing key {key_id[:40]!r}")
     expected = hmac.new(secret, payload, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, digest):
+    # compare_digest raises TypeError on non-ASCII str; a forged digest may be anything.
+    if not digest.isascii() or not hmac.compare_digest(expected, digest):
         raise SignatureError("signature does not match the payload")

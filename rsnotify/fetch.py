@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -87,12 +88,14 @@ class OriginNotAllowed(FetchError):
 # --- pure helpers -------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=16_384)
 def origin_of(url: str) -> str:
     """``scheme://host:port`` with the IDNA host and the default port made explicit.
 
     Explicit ports make ``http://a`` and ``http://a:80`` the same origin, and
     IDNA makes ``bücher.example`` and ``xn--bcher-kva.example`` the same, so the
-    allow-list cannot be bypassed by spelling a host differently.
+    allow-list cannot be bypassed by spelling a host differently.  Memoized
+    (pure, and every change is checked): invalid URLs raise and are not kept.
     """
     try:
         parsed = yarl.URL(url)
@@ -110,7 +113,14 @@ def origin_of(url: str) -> str:
 
 def _normalise_origins(allowed: Collection[str]) -> frozenset[str]:
     # Entries may be origins or any URL on the origin (e.g. a Source's base URL).
-    return frozenset(origin_of(item) for item in allowed)
+    if isinstance(allowed, frozenset) and all(item in _ORIGINS for item in allowed):
+        return allowed  # already normalised (the applier keeps its set this way)
+    normalised = frozenset(origin_of(item) for item in allowed)
+    _ORIGINS.update(normalised)
+    return normalised
+
+
+_ORIGINS: set[str] = set()  # strings known to be normalised origins
 
 
 def check_origin(url: str, allowed: Collection[str] | None) -> None:

@@ -30,7 +30,8 @@ class PublisherMetrics:
         )
         self.published = Counter(
             "rsnotify_published_total",
-            "Notifications sent per transport",
+            "Notifications sent per transport (mqtt: acknowledged by the broker; "
+            "ws: written to a first client)",
             ["collection", "transport"],
             registry=r,
         )
@@ -43,7 +44,7 @@ class PublisherMetrics:
         )
         self.publish_latency = Histogram(
             "rsnotify_publish_latency_seconds",
-            "Detection to send on a transport",
+            "Transport delay (mqtt: publish to broker ack; ws: log read to first client write)",
             ["collection", "transport"],
             buckets=LATENCY_BUCKETS,
             registry=r,

@@ -94,6 +94,8 @@ _CHANGES = {c.value: c for c in ChangeType}
 # Attributes of rs:md and rs:ln defined by the specification (Table 3, plus
 # ResourceSync 1.1's ``datetime``); anything else is kept verbatim in ``extra``.
 _MD_TIMES = ("at", "completed", "from", "until", "datetime")
+_DOC_TIMES = ("at", "completed", "from", "until")  # a document has no rs:md datetime
+_XML_NS = "http://www.w3.org/XML/1998/namespace"
 _MD_KNOWN = frozenset(
     {"capability", "change", "hash", "length", "type", "path", "encoding", *_MD_TIMES}
 )
@@ -233,6 +235,24 @@ def _int(value: str | None, name: str, line: int | None, element: str, low: int 
     return int(text)
 
 
+def _extra(attrs: dict[str, str], line: int | None, element: str) -> dict[str, str]:
+    """Community attributes, refused when their name cannot be written back.
+
+    A namespace URI holding ``{`` or ``}`` (no URI may) makes lxml's ``{ns}local``
+    names ambiguous: the serializer would split them in the wrong place.
+    """
+    for name in attrs:
+        if (name.count("{"), name.count("}")) not in ((0, 0), (1, 1)) or (
+            "{" in name and not name.startswith("{")
+        ):
+            raise InvalidValue(
+                f"attribute {name[:100]!r} has a namespace URI with braces",
+                line=line,
+                element=element,
+            )
+    return attrs
+
+
 def _link(attrs: dict[str, str], line: int | None) -> Link:
     rel = attrs.pop("rel", None)
     href = attrs.pop("href", None)
@@ -253,14 +273,16 @@ def _link(attrs: dict[str, str], line: int | None) -> Link:
         encoding=attrs.pop("encoding", None),
     )
     if attrs:
-        link.extra = attrs
+        link.extra = _extra(attrs, line, "rs:ln")
     return link
 
 
-def _md_fields(attrs: dict[str, str], line: int | None, element: str) -> dict[str, Any]:
+def _md_fields(
+    attrs: dict[str, str], line: int | None, element: str, names: tuple[str, ...] = _MD_TIMES
+) -> dict[str, Any]:
     """Convert an rs:md attribute dict into Entry/Document keyword arguments."""
     out: dict[str, Any] = {}
-    for name in _MD_TIMES:
+    for name in names:
         value = attrs.pop(name, None)
         if value is not None:
             out["from_" if name == "from" else name] = _time(value, line, element)
@@ -471,11 +493,14 @@ class DocumentReader:
                         line=child.sourceline,
                         element="rs:md",
                     )
-                attrs = dict(child.attrib)
+                # items(), not attrib: lxml's attrib cannot look up a name whose
+                # namespace URI holds braces (KeyError); _extra refuses those.
+                attrs = dict(child.items())
                 header.seen_md = True
                 header.capability = attrs.pop("capability", None)
-                header.md = _md_fields(attrs, child.sourceline, "rs:md")
-                header.md_extra = attrs
+                # "datetime" is an entry time: at document level it is an extra.
+                header.md = _md_fields(attrs, child.sourceline, "rs:md", _DOC_TIMES)
+                header.md_extra = _extra(attrs, child.sourceline, "rs:md")
             elif tag == _LN:
                 if self._header is not None:
                     # The header was handed out with the first entry: a link
@@ -485,7 +510,7 @@ class DocumentReader:
                         line=child.sourceline,
                         element="rs:ln",
                     )
-                header.links.append(_link(dict(child.attrib), child.sourceline))
+                header.links.append(_link(dict(child.items()), child.sourceline))
             elif isinstance(tag, str) and tag.endswith(("}md", "}ln")) and tag not in (_MD, _LN):
                 raise WrongNamespace(
                     f"{tag} is not in the ResourceSync namespace {RS_NS}",
@@ -595,9 +620,17 @@ class DocumentReader:
             raise InvalidDocument(
                 f"<{name}> does not belong in <{self._root_kind.value}>", line=line, element=name
             )
+        parent = element.getparent()
+        if parent.getparent() is not None:
+            # An entry inside another element (<loc>, say): its removal below would
+            # glue the text after it to its parent's, differently per chunk boundary.
+            name = _local(element.tag)
+            raise InvalidDocument(
+                f"<{name}> nested inside <{_local(parent.tag)}>", line=line, element=name
+            )
         # Free what was read: constant memory however long the document.
         element.clear(keep_tail=False)
-        element.getparent().remove(element)
+        parent.remove(element)
 
         name = self._entry_name
         if not loc or not (loc := loc.strip()):
@@ -664,7 +697,7 @@ class DocumentReader:
         for key, value in _md_fields(md, line, "rs:md").items():
             setattr(entry, key, value)
         if md:
-            entry.md_extra = md
+            entry.md_extra = _extra(md, line, "rs:md")
 
     def _check_change(self, entry: Entry, name: str) -> None:
         if entry.change is None:
@@ -809,6 +842,9 @@ def _extra_attrs(extra: dict[str, str]) -> str:
             ns, _, local = key[1:].partition("}")
             if ns in (RS_NS, SITEMAP_NS):
                 raise ValueError(f"extra attribute {key} may not use the {ns} namespace")
+            if ns == _XML_NS:  # xml:lang and friends: the prefix is fixed, never declared
+                parts.append(f' xml:{local}="{_attr(value)}"')
+                continue
             prefix = prefixes.get(ns)
             if prefix is None:
                 prefix = prefixes[ns] = f"ns{len(prefixes)}"

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+from rsnotify.devstack import ManagedProcess
 from rsnotify.simulator.server import Simulator, SimulatorConfig
+from rsnotify.subscriber.resources import ApplyRecord, ResourceStore
+from rsnotify.subscriber.service import default_state_dir
 
 
 @asynccontextmanager
@@ -19,3 +25,61 @@ async def running_simulator(**options: Any) -> AsyncIterator[tuple[Simulator, st
         yield sim, url
     finally:
         await sim.stop()
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def post_json(url: str, body: Any = None) -> Any:
+    """POST (a JSON ``body``, or nothing) and return the JSON answer."""
+    data = b"" if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, method="POST", data=data)
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def log_events(process: ManagedProcess) -> list[dict[str, Any]]:
+    """Every JSON log line a process wrote, over all its runs (``--log-format json``)."""
+    events = []
+    for line in process.output("stderr", whole_history=True).splitlines():
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by kill -9
+    return events
+
+
+def messages(process: ManagedProcess, needle: str) -> list[str]:
+    return [e["message"] for e in log_events(process) if needle in e.get("message", "")]
+
+
+def newer_never_overwritten(records: list[ApplyRecord]) -> list[str]:
+    """Per loc, successful writes/deletes must come in non-decreasing change datetime."""
+    last: dict[str, ApplyRecord] = {}
+    problems = []
+    for record in records:
+        if record.outcome not in ("applied", "deleted"):
+            continue
+        previous = last.get(record.loc)
+        if previous is not None and record.datetime < previous.datetime:
+            problems.append(
+                f"{record.loc}: {record.change} of {record.datetime} (apply log id {record.id}) "
+                f"after {previous.change} of {previous.datetime} (id {previous.id})"
+            )
+        last[record.loc] = record
+    return problems
+
+
+async def read_apply_log(mirror: Path, state_dir: Path | None = None) -> list[ApplyRecord]:
+    """A subscriber's apply log (state in ``state_dir``, default: beside the mirror)."""
+    state = state_dir if state_dir is not None else default_state_dir(str(mirror))
+    store = ResourceStore(Path(state) / "resources.sqlite3")
+    try:
+        return await store.apply_log()
+    finally:
+        await store.close()

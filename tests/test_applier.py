@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import itertools
+import random
+import zipfile
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +21,8 @@ from rsnotify.envelope import Notification
 from rsnotify.fetch import Fetcher
 from rsnotify.metrics import serving
 from rsnotify.model import ChangeType, Entry, Link
-from rsnotify.subscriber.applier import Applier, Hooks, InvalidChange, Outcome
+from rsnotify.subscriber.applier import RECORD_BATCH, Applier, Hooks, InvalidChange, Outcome
+from rsnotify.subscriber.baseline import baseline
 from rsnotify.subscriber.mirror import TEMP_PREFIX, Mirror
 from rsnotify.subscriber.resources import ResourceStore, ResourceStoreError
 
@@ -487,7 +491,7 @@ async def test_404_is_retried_a_little_then_reported(env: Env, source: Source) -
     assert source.requests.count("/forbidden") == 1  # a 403 will not change by retrying
 
 
-async def test_404_late_in_the_queue_is_not_retried_when_a_newer_change_waits(
+async def test_a_change_with_a_newer_one_queued_is_superseded_without_a_fetch(
     env: Env, source: Source
 ) -> None:
     source.files["/v"] = b"v2"
@@ -496,7 +500,26 @@ async def test_404_late_in_the_queue_is_not_retried_when_a_newer_change_waits(
     fresh = applier.submit(env.note("/v", "updated", at(2), body=b"v2"))
     assert await stale is Outcome.SUPERSEDED
     assert await fresh is Outcome.APPLIED
-    assert source.requests == ["/v", "/v"]  # no retries for the superseded change
+    assert source.requests == ["/v"]  # only the newest bytes were fetched
+    assert await env.outcomes("/v") == ["superseded", "applied"]
+    assert env.path("/v").read_bytes() == b"v2"
+
+
+async def test_404_late_in_the_queue_is_not_retried_when_a_newer_change_waits(
+    env: Env, source: Source
+) -> None:
+    source.files["/v"] = b"v2"
+    applier = env.applier(retries=5, backoff_initial=0.5)
+    stale = applier.submit(env.note("/v", "created", at(1), body=b"v1"))  # Source moved on
+    # The newer change arrives while the stale one is retrying.
+    await async_wait_for(lambda: source.requests, timeout=10)
+    tried = len(source.requests)
+    fresh = applier.submit(env.note("/v", "updated", at(2), body=b"v2"))
+    assert await stale is Outcome.SUPERSEDED
+    assert await fresh is Outcome.APPLIED
+    # No further retry of the superseded change: at most the one already in
+    # flight when the newer change arrived, then the newer change's fetch.
+    assert tried + 1 <= len(source.requests) <= tried + 2
     assert await env.outcomes("/v") == ["superseded", "applied"]
     assert Outcome.SUPERSEDED.done and not Outcome.HASH_MISMATCH.done
 
@@ -534,6 +557,46 @@ async def test_metadata_only_records_without_fetching(env: Env, source: Source) 
     assert state is not None and state.change is ChangeType.DELETED
     assert [kind for kind, _, _ in env.events] == ["created", "deleted"]
     assert await env.outcomes("/m") == ["recorded", "skipped_already_applied", "recorded"]
+
+
+async def test_metadata_only_batches_agree_with_one_change_at_a_time(
+    env: Env, source: Source, other: Source, tmp_path: Path
+) -> None:
+    """Submitted changes are recorded in batches; outcomes equal applying them singly."""
+    rng = random.Random(7)
+    changes = []
+    for _ in range(3 * RECORD_BATCH // 2):  # more than one batch
+        loc = f"/r/{rng.randrange(40)}"
+        kind = rng.choice(["created", "updated", "deleted"])
+        changes.append(env.note(loc, kind, at(rng.randrange(1, 30))))
+    changes.insert(10, env.note(other.url("/forged"), "created", at(5)))  # off-origin
+    batched = env.applier(metadata_only=True, hooks=env.recording_hooks())
+    outcomes = await asyncio.gather(*(batched.submit(c) for c in changes))
+    await batched.drain()
+    assert batched.pending == 0
+
+    single_store = ResourceStore(tmp_path / "single.sqlite")
+    try:
+        single = Applier(
+            env.mirror, single_store, env.fetcher, allowed_origins=[source.base],
+            metadata_only=True,
+        )  # fmt: skip
+        expected = [await single.apply(c) for c in changes]
+        assert outcomes == expected
+        assert Outcome.REFUSED_ORIGIN in outcomes and Outcome.SKIPPED_ALREADY_APPLIED in outcomes
+        def fields(state: Any) -> Any:
+            return state and (state.change, state.datetime, state.seq, state.sha256, state.length)
+
+        for loc in {c.loc for c in changes}:
+            assert fields(await env.store.get(loc)) == fields(await single_store.get(loc))
+    finally:
+        await single_store.close()
+    assert source.requests == [] and other.requests == []
+    recorded = [c for c, o in zip(changes, outcomes, strict=True) if o is Outcome.RECORDED]
+    assert [(kind, loc) for kind, loc, _ in env.events] == [
+        (c.change, c.loc) for c in recorded
+    ]
+    await assert_never_backwards(env.store)
 
 
 async def test_hooks_get_change_and_path_and_their_errors_are_not_fatal(
@@ -600,8 +663,9 @@ async def test_changes_of_one_resource_apply_in_submission_order(env: Env, sourc
     gate = source.gates["/hot"] = asyncio.Event()  # hold the first fetch of /hot
     applier = env.applier(concurrency=4, hooks=env.recording_hooks())
 
-    hot = [
-        applier.submit(env.note("/hot", "created", at(1))),
+    hot = [applier.submit(env.note("/hot", "created", at(1)))]
+    await async_wait_for(lambda: "/hot" in source.requests, timeout=10)  # held at the gate
+    hot += [
         applier.submit(env.note("/hot", "updated", at(2))),
         applier.submit(env.note("/hot", "deleted", at(3))),
         applier.submit(env.note("/hot", "created", at(4))),
@@ -615,19 +679,21 @@ async def test_changes_of_one_resource_apply_in_submission_order(env: Env, sourc
     gate.set()
     await asyncio.wait_for(applier.drain(), 10)
     assert applier.pending == 0
+    # The update is superseded (a newer creation of /hot waits behind it: no
+    # fetch); the delete still runs, in order, between the two creations.
     assert [f.result() for f in hot] == [
         Outcome.APPLIED,
-        Outcome.APPLIED,
+        Outcome.SUPERSEDED,
         Outcome.DELETED,
         Outcome.APPLIED,
     ]
     hot_loc = source.url("/hot")
     assert [kind for kind, loc, _ in env.events if loc == hot_loc] == [
         "created",
-        "updated",
         "deleted",
         "created",
     ]
+    assert source.requests.count("/hot") == 2
     assert [r.datetime for r in await env.store.apply_log(hot_loc)] == [at(i) for i in (1, 2, 3, 4)]
     assert env.path("/hot").read_bytes() == b"current"
     await assert_never_backwards(env.store)
@@ -691,6 +757,161 @@ async def test_store_state_never_moves_backwards(tmp_path: Path) -> None:
         await store.close()
 
 
+async def test_store_answers_concurrent_reads_together_and_agrees_with_the_file(
+    tmp_path: Path,
+) -> None:
+    """Reads issued together share one query; the cache never disagrees with SQLite."""
+    path = tmp_path / "r.sqlite"
+    store = ResourceStore(path, cache_size=50)
+    locs = [f"http://s/{i}" for i in range(300)]
+    try:
+        for i, loc in enumerate(locs[:200]):
+            await store.record_applied(loc, "created", at(i % 7 + 1), seq=i)
+        reopened = ResourceStore(path, cache_size=50)  # cold cache: every answer from the file
+        try:
+            states = await asyncio.gather(*(reopened.get(loc) for loc in locs))
+            assert [s.seq if s else None for s in states] == [*range(200), *[None] * 100]
+            # A write racing reads of the same loc: the answer is the committed state.
+            write = asyncio.ensure_future(
+                reopened.record_applied(locs[250], "updated", at(9), seq=999)
+            )
+            read = asyncio.ensure_future(reopened.get(locs[250]))
+            await write
+            late = await reopened.get(locs[250])
+            assert late is not None and late.seq == 999
+            assert (await read) is None or (await read).seq == 999
+            # Backwards writes are refused by the database, and the cache follows it.
+            assert await reopened.record_applied(locs[250], "created", at(1), seq=1) is False
+            state = await reopened.get(locs[250])
+            assert state is not None and state.seq == 999
+        finally:
+            await reopened.close()
+        for loc in locs:  # the first store's cache (evicting at 50) agrees with the file
+            cached = await store.get(loc)
+            assert cached == await _fresh_state(path, loc)
+    finally:
+        await store.close()
+
+
+async def _fresh_state(path: Path, loc: str) -> Any:
+    store = ResourceStore(path, cache_size=0)
+    try:
+        return await store.get(loc)
+    finally:
+        await store.close()
+
+
 def test_store_refuses_an_unusable_path(tmp_path: Path) -> None:
     with pytest.raises(ResourceStoreError):
         ResourceStore(tmp_path)  # a directory
+
+
+# --- Resource Dump packages ------------------------------------------------------------
+
+
+def _zip(members: dict[str, bytes], manifest: str) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("manifest.xml", manifest)
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+async def test_a_hostile_resource_dump_package_cannot_escape_bomb_or_corrupt_the_mirror(
+    env: Env, source: Source, tmp_path: Path
+) -> None:
+    """Member names are never paths; lengths and hashes bound and check every member;
+    whatever a package cannot supply correctly is fetched from its loc instead."""
+    good, lying, bomb = b"good bytes", b"the right bytes", b"0123456789"
+    source.files["/r/lying"] = lying
+    source.files["/r/bomb"] = bomb
+    source.files["/r/absent"] = b"not in the package"
+
+    def url_entry(path: str, body: bytes, member: str) -> str:
+        sha = hashlib.sha256(body).hexdigest()
+        return (
+            f"<url><loc>{source.url(path)}</loc>"
+            f'<rs:md length="{len(body)}" hash="sha-256:{sha}" path="{member}"/></url>'
+        )
+
+    manifest = (
+        '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
+        'xmlns:rs="http://www.openarchives.org/rs/terms/">'
+        '<rs:md capability="resourcedump-manifest" at="2026-01-01T00:00:00Z"/>'
+        + url_entry("/r/good", good, "/../../../etc/good")
+        + url_entry("/r/lying", lying, "lying")
+        + url_entry("/r/bomb", bomb, "bomb")
+        + url_entry("/r/absent", b"not in the package", "absent")
+        + "</urlset>"
+    )
+    package = _zip(
+        {"../../../etc/good": good, "lying": b"the WRONG bytes", "bomb": b"0" * 50_000_000},
+        manifest,
+    )
+    source.files["/dump/p1.zip"] = package
+    source.files["/resourcedump.xml"] = (
+        '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
+        'xmlns:rs="http://www.openarchives.org/rs/terms/">'
+        '<rs:md capability="resourcedump" at="2026-01-01T00:00:00Z"/>'
+        f'<url><loc>{source.url("/dump/p1.zip")}</loc>'
+        f'<rs:md length="{len(package)}" type="application/zip"/></url></urlset>'
+    ).encode()
+    applier = env.applier()
+    summary = await baseline(
+        env.fetcher, applier, None, collection="c",
+        resourcedump_url=source.url("/resourcedump.xml"), workdir=tmp_path / "state",
+    )  # fmt: skip
+    assert (summary.files, summary.failed, summary.dump_packages) == (4, 0, 1)
+    for path, body in (("/r/good", good), ("/r/lying", lying), ("/r/bomb", bomb)):
+        assert env.path(path).read_bytes() == body
+    assert env.path("/r/absent").read_bytes() == b"not in the package"
+    assert sorted(source.requests) == sorted(
+        ["/resourcedump.xml", "/dump/p1.zip", "/r/lying", "/r/bomb", "/r/absent"]
+    )  # the good member came from the package; the others were fetched
+    assert not (tmp_path / "etc").exists() and not list((tmp_path / "state").glob("*.zip"))
+    assert all(p.is_relative_to(env.mirror.root) for p in env.mirror.root.rglob("*"))
+    await assert_never_backwards(env.store)
+
+
+async def test_abandon_cancels_everything_in_flight_before_a_restart(
+    env: Env, source: Source
+) -> None:
+    """After a local failure the engine restarts from its cursor: nothing from before may
+    still be running (and later rename older bytes over what the restart writes)."""
+    gate = source.gates["/held"] = asyncio.Event()
+    source.files["/held"] = b"held"
+    source.files["/other"] = b"other"
+    applier = env.applier()
+    futures = [applier.submit(env.note("/held", body=b"held"))]
+    futures.append(applier.submit(env.note("/held", "updated", at(2), body=b"held")))
+    futures.append(applier.submit(env.note("/other", body=b"other")))
+    await async_wait_for(lambda: "/held" in source.requests, timeout=10)
+    await asyncio.wait_for(applier.abandon(), 10)
+    assert applier.pending == 0
+    assert all(f.done() for f in futures)
+    assert futures[1].cancelled()  # it was held mid-fetch (the first was superseded by it)
+    assert not env.path("/held").exists()
+    gate.set()
+    # A fresh start applies the same change normally.
+    assert await env.applier().apply(env.note("/held", "updated", at(2), body=b"held")) is (
+        Outcome.APPLIED
+    )
+
+
+async def test_a_resource_dump_package_off_the_sources_origin_is_not_downloaded(
+    env: Env, source: Source, other: Source, tmp_path: Path
+) -> None:
+    other.files["/p.zip"] = _zip({}, "<urlset/>")
+    source.files["/resourcedump.xml"] = (
+        '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
+        'xmlns:rs="http://www.openarchives.org/rs/terms/">'
+        '<rs:md capability="resourcedump" at="2026-01-01T00:00:00Z"/>'
+        f"<url><loc>{other.url('/p.zip')}</loc></url></urlset>"
+    ).encode()
+    summary = await baseline(
+        env.fetcher, env.applier(), None, collection="c",
+        resourcedump_url=source.url("/resourcedump.xml"), workdir=tmp_path / "state",
+    )  # fmt: skip
+    assert other.requests == [] and summary.dump_packages == 0
+    assert summary.at is None  # incomplete and no Resource List: start from the beginning

@@ -67,7 +67,7 @@ def test_section_beats_common_and_specific_variable_beats_common_variable(
 [common]
 log-level = "debug"
 metrics-host = "0.0.0.0"
-redis = "redis://common:6379/0"   # publish has it; subscribe ignores it
+poll = 2.5   # publish has it; subscribe ignores it
 
 [publish]
 log-level = "warning"
@@ -75,11 +75,11 @@ log-level = "warning"
     )
     publish = parse("publish", [BASE, "--config", str(path)])
     assert (publish.log_level, publish.metrics_host) == ("warning", "0.0.0.0")
-    assert publish.redis == "redis://common:6379/0"
+    assert publish.poll == 2.5
 
     subscribe = parse("subscribe", [BASE, "--into", "m", "--config", str(path)])
     assert (subscribe.log_level, subscribe.metrics_host) == ("debug", "0.0.0.0")
-    assert not hasattr(subscribe, "redis")
+    assert not hasattr(subscribe, "poll")
 
     env = {"RSNOTIFY_COMMON_LOG_LEVEL": "error", "RSNOTIFY_COMMON_METRICS_HOST": "::1"}
     publish = parse("publish", [BASE, "--config", str(path)], env)

@@ -30,7 +30,6 @@ import asyncio
 import json
 import re
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +44,14 @@ from rsnotify.simulator.server import Simulator, SimulatorConfig
 from rsnotify.subscriber import events as ev
 from rsnotify.subscriber.channels import WebSocketChannel
 from rsnotify.subscriber.mirror import TEMP_PREFIX
-from rsnotify.subscriber.resources import ResourceStore
-from rsnotify.subscriber.service import Subscriber, SubscriberConfig, default_state_dir
+from rsnotify.subscriber.service import Subscriber, SubscriberConfig
+from tests.helpers import (
+    get_json,
+    messages,
+    newer_never_overwritten,
+    post_json,
+    read_apply_log,
+)
 
 RunRsnotify = Callable[..., ManagedProcess]
 
@@ -54,61 +59,6 @@ CHANGES = 10_000
 RATE = 200
 RETAIN = 400  # log entries kept per collection: far less than a long outage produces
 BROKER_DOWN_S = 5.0
-
-
-# --- small helpers ------------------------------------------------------------------
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.load(response)
-
-
-def post_json(url: str) -> Any:
-    request = urllib.request.Request(url, method="POST", data=b"")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.load(response)
-
-
-def log_events(process: ManagedProcess) -> list[dict[str, Any]]:
-    """Every JSON log line a process wrote, over all its runs (``--log-format json``)."""
-    events = []
-    for line in process.output("stderr", whole_history=True).splitlines():
-        if line.startswith("{"):
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut short by kill -9
-    return events
-
-
-def messages(process: ManagedProcess, needle: str) -> list[str]:
-    return [e["message"] for e in log_events(process) if needle in e.get("message", "")]
-
-
-def newer_never_overwritten(records: list[Any]) -> list[str]:
-    """Per loc, successful writes/deletes must come in non-decreasing change datetime."""
-    last: dict[str, Any] = {}
-    problems = []
-    for record in records:
-        if record.outcome not in ("applied", "deleted"):
-            continue
-        previous = last.get(record.loc)
-        if previous is not None and record.datetime < previous.datetime:
-            problems.append(
-                f"{record.loc}: {record.change} of {record.datetime} (apply log id {record.id}) "
-                f"after {previous.change} of {previous.datetime} (id {previous.id})"
-            )
-        last[record.loc] = record
-    return problems
-
-
-async def read_apply_log(mirror: Path) -> list[Any]:
-    store = ResourceStore(default_state_dir(str(mirror)) / "resources.sqlite3")
-    try:
-        return await store.apply_log()
-    finally:
-        await store.close()
 
 
 @dataclass

@@ -13,29 +13,34 @@ from rsnotify.devstack import Redis
 from rsnotify.log import Fenced, LogConflict, LogUnavailable, NotificationLog, Retention
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
+from rsnotify.log.tail_cache import TailCache
 
 C = "example.com-c1-capabilitylist-0badc0de"
 
 
-@pytest.fixture(params=["redis", "sqlite"])
+@pytest.fixture(params=["redis", "sqlite", "redis+tail-cache", "sqlite+tail-cache"])
 async def log_factory(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[Callable[[], NotificationLog]]:
-    """``make()`` opens a log on the same backing store each call (a 'restart')."""
+    """``make()`` opens a log on the same backing store each call (a 'restart').
+
+    The ``+tail-cache`` variants run the same suite through the publisher's
+    in-memory :class:`TailCache` (capacity 3, so reads cross its edge).
+    """
     opened: list[NotificationLog] = []
-    if request.param == "redis":
-        server: Redis = request.getfixturevalue("redis_server")
+    backend, _, cached = request.param.partition("+")
+    server: Redis | None = (
+        request.getfixturevalue("redis_server") if backend == "redis" else None
+    )
 
-        def make() -> NotificationLog:
-            log = RedisLog(server.url)
-            opened.append(log)
-            return log
-    else:
-
-        def make() -> NotificationLog:
-            log = SQLiteLog(tmp_path / "log.sqlite3")
-            opened.append(log)
-            return log
+    def make() -> NotificationLog:
+        log: NotificationLog = (
+            RedisLog(server.url) if server is not None else SQLiteLog(tmp_path / "log.sqlite3")
+        )
+        if cached:
+            log = TailCache(log, capacity=3)
+        opened.append(log)
+        return log
 
     yield make
     for log in opened:
@@ -168,3 +173,29 @@ async def test_an_unreachable_redis_raises_log_unavailable(redis_server: Redis) 
             await log.head(C)
     finally:
         await log.close()
+
+
+async def test_the_tail_cache_answers_from_memory_and_yields_to_other_writers(
+    log_factory: Callable[[], NotificationLog],
+) -> None:
+    """Reads of what this process appended come from memory and equal the backend's;
+    an append by another process in between restarts the ring (it stays dense)."""
+    ours, theirs = log_factory(), log_factory()
+    cache = ours if isinstance(ours, TailCache) else TailCache(ours, capacity=3)
+    backend = cache.inner
+    head = await cache.append(C, [b"a", b"b"], expected_head=0, checkpoint="1")
+    hits = cache.hits
+    assert await cache.read(C, 0) == await backend.read(C, 0)
+    assert await cache.wait(C, 1, timeout=1) == await backend.read(C, 1)
+    assert cache.hits == hits + 2
+    other = theirs.inner if isinstance(theirs, TailCache) else theirs
+    head = await other.append(C, [b"c", b"d"], expected_head=head, checkpoint="2")
+    head = await cache.append(C, [b"e"], expected_head=head, checkpoint="3")
+    everything = await backend.read(C, 0)
+    assert [r.data for r in everything] == [b"a", b"b", b"c", b"d", b"e"]
+    for after in range(head + 1):
+        assert await cache.read(C, after) == everything[after:], after
+    # Beyond what it holds, a wait is the backend's: it sees another writer's append.
+    waiter = asyncio.ensure_future(cache.wait(C, head, timeout=10))
+    await other.append(C, [b"f"], expected_head=head, checkpoint="4")
+    assert [r.data for r in await waiter] == [b"f"]

@@ -16,6 +16,7 @@ from rsnotify.devstack import Redis, async_wait_for
 from rsnotify.log import NotificationLog
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
+from rsnotify.log.tail_cache import TailCache
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from tests.helpers import running_simulator
 
@@ -168,7 +169,7 @@ async def test_a_watched_directory_source_two_collections_and_redis(
         assert len(pub.collections) == 2
         await advance(http, base, 150)  # the simulator writes the directory before answering
         log = pub.log
-        assert isinstance(log, RedisLog)
+        assert isinstance(log, TailCache) and isinstance(log.inner, RedisLog)
 
         async def all_logged() -> bool:
             heads = [await log.head(c) for c in pub.collections]

@@ -36,9 +36,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
-from rsnotify import sitemap
+from rsnotify import sitemap, w3cdt
 from rsnotify.devstack import ManagedProcess
 from rsnotify.model import ChangeType
 from rsnotify.subscriber.mirror import TEMP_PREFIX, path_for
@@ -130,6 +131,20 @@ class ResyncSource:
         }
 
 
+def served_source(
+    tmp_path: Path, process_factory: Callable[..., ManagedProcess]
+) -> tuple[ResyncSource, ManagedProcess]:
+    """An empty ResyncSource directory and the ``python -m http.server`` serving it."""
+    www = tmp_path / "www"
+    www.mkdir()
+    server = process_factory(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "-d", str(www), "0"],
+        name="http.server",
+    )
+    port = server.wait_for_line(r"Serving HTTP on \S+ port (\d+)", timeout=30).group(1)
+    return ResyncSource(www, f"http://127.0.0.1:{port}/"), server
+
+
 def differences(source: ResyncSource, mirror: Path) -> list[str]:
     expected = {path_for(loc, mirror): sha for loc, sha in source.served().items()}
     found = {p for p in mirror.rglob("*") if p.is_file() and not p.name.startswith(TEMP_PREFIX)}
@@ -160,14 +175,7 @@ def test_once_mirrors_a_source_built_by_resync(
     process_factory: Callable[..., ManagedProcess],
     rsnotify_process: RunProcess,
 ) -> None:
-    www = tmp_path / "www"
-    www.mkdir()
-    server = process_factory(
-        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "-d", str(www), "0"],
-        name="http.server",
-    )
-    port = server.wait_for_line(r"Serving HTTP on \S+ port (\d+)", timeout=30).group(1)
-    source = ResyncSource(www, f"http://127.0.0.1:{port}/")
+    source, _ = served_source(tmp_path, process_factory)
     mirror = tmp_path / "mirror"
 
     # Round 1: the baseline, from a Resource List (the Change List is empty).
@@ -226,14 +234,7 @@ def test_once_ends_with_a_clear_error_on_a_change_list_out_of_order(
     ``--once`` exits non-zero naming the problem and the entry, and leaves
     the mirror as it was.
     """
-    www = tmp_path / "www"
-    www.mkdir()
-    server = process_factory(
-        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "-d", str(www), "0"],
-        name="http.server",
-    )
-    port = server.wait_for_line(r"Serving HTTP on \S+ port (\d+)", timeout=30).group(1)
-    source = ResyncSource(www, f"http://127.0.0.1:{port}/")
+    source, _ = served_source(tmp_path, process_factory)
     mirror = tmp_path / "mirror"
     t0 = time.time() - 3600
     source.write("a.txt", b"alpha\n", t0)
@@ -255,3 +256,60 @@ def test_once_ends_with_a_clear_error_on_a_change_list_out_of_order(
     assert "not in forward chronological order" in said, said
     assert source.url("res/b.txt") in said, said
     assert {p: p.read_bytes() for p in mirror.rglob("*") if p.is_file()} == before
+
+
+def test_once_baselines_from_a_resource_dump_built_by_resync(
+    tmp_path: Path,
+    process_factory: Callable[..., ManagedProcess],
+    rsnotify_process: RunProcess,
+) -> None:
+    """A Resource Dump (ZIP + manifest by ``resync-build --write-resourcedump``) is the
+    baseline: the mirror is filled from the package, not one request per resource."""
+    source, server = served_source(tmp_path, process_factory)
+    www = source.root
+    t0 = time.time() - 3600
+    for i in range(20):
+        source.write(f"d/{i:02d}.txt", f"resource {i}\n".encode() * (i + 1), t0)
+    source.write("odd name ü.txt", b"odd\n", t0)
+    source.publish_initial()
+    (www / "dump").mkdir()
+    source.build(
+        "--write-resourcedump", "--hash", "md5", "--hash", "sha-256",
+        "--outfile", str(www / "dump" / "part.zip"),
+        source.mapping(),
+    )  # fmt: skip
+    (package,) = (www / "dump").glob("*.zip")
+    body = package.read_bytes()
+    dump_at = w3cdt.format(datetime.fromtimestamp(time.time(), UTC))
+    (www / "resourcedump.xml").write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
+        'xmlns:rs="http://www.openarchives.org/rs/terms/">'
+        f'<rs:ln rel="up" href="{source.url("capabilitylist.xml")}"/>'
+        f'<rs:md capability="resourcedump" at="{dump_at}"/>'
+        f'<url><loc>{source.url("dump/" + package.name)}</loc>'
+        f'<rs:md type="application/zip" length="{len(body)}" '
+        f'hash="sha-256:{hashlib.sha256(body).hexdigest()}"/></url></urlset>'
+    )
+    source.build(
+        "--write-capabilitylist",
+        f"resourcelist={source.url('resourcelist.xml')},"
+        f"resourcedump={source.url('resourcedump.xml')},"
+        f"changelist={source.url('changelist.xml')}",
+        "--sourcedescription-link", source.url(".well-known/resourcesync"),
+        "--outfile", str(www / "capabilitylist.xml"),
+    )  # fmt: skip
+    mirror = tmp_path / "mirror"
+    out = subscribe_once(rsnotify_process, source, mirror)
+    assert "baseline: 21 files" in out and "1 Resource Dump package(s)" in out, out
+    assert differences(source, mirror) == []
+    requests = server.output("stderr")
+    assert f"GET /dump/{package.name}" in requests
+    assert "GET /res/" not in requests, requests  # nothing fetched one by one
+
+    # Later changes still come from the Change List, on top of the dump's state.
+    source.write("d/03.txt", b"changed after the dump\n", time.time() + 1)
+    source.write_changelist()
+    out = subscribe_once(rsnotify_process, source, mirror)
+    assert "(1 applied, 0 failed)" in out, out
+    assert differences(source, mirror) == []

@@ -107,6 +107,62 @@ async def test_once_baselines_then_catches_up_from_the_change_list_index(tmp_pat
         await sub.stop()
 
 
+async def test_cursors_in_redis_survive_restarts_and_a_redis_outage(
+    tmp_path: Path, redis_server: Redis
+) -> None:
+    """``--redis``: the cursor lives in Redis (not SQLite) and a later run resumes from it."""
+    import redis as redis_client
+
+    from rsnotify.subscriber.redis_cursor import destination_id
+
+    mirror = tmp_path / "mirror"
+    async with (
+        simulator(changelist_size=25, paused=True) as (_sim, base),
+        aiohttp.ClientSession() as http,
+    ):
+        await post(http, f"{base}_simulator/advance?n=60")
+        config = SubscriberConfig(
+            source=base, into=str(mirror), once=True, redis=redis_server.url, name="dest-1"
+        )
+        sub = Subscriber(config)
+        await sub.start()
+        assert await sub.run_once() == 0
+        (cid,) = sub.engines
+        await sub.stop()
+        assert differences(await ground_truth(http, base), mirror) == []
+        assert not (default_state_dir(str(mirror)) / "cursor.sqlite3").exists()
+        assert destination_id(mirror, "dest-1") == "dest-1"
+        raw = redis_client.Redis.from_url(redis_server.url).hget(
+            "rsn:dest:{dest-1}:cursors", cid
+        )
+        cursor = json.loads(raw)
+        assert cursor["baseline_done"] is True and json.loads(cursor["checkpoint"])
+
+        await post(http, f"{base}_simulator/advance?n=40")
+        sub = Subscriber(config)
+        await sub.start()
+        assert await sub.run_once() == 0
+        (engine,) = sub.engines.values()
+        # Resumed from Redis: the 40 new changes, not a new baseline of everything.
+        assert 40 <= engine.stats.applied + engine.stats.skipped < 60
+        events = await sub._cursors.events()  # type: ignore[union-attr]
+        assert any(kind == "catch-up" for _, _, kind, _ in events)
+        await sub.stop()
+        assert differences(await ground_truth(http, base), mirror) == []
+
+        # Redis away while the cursor is saved: the save waits, nothing fails.
+        await post(http, f"{base}_simulator/advance?n=10")
+        sub = Subscriber(config)
+        await sub.start()
+        redis_server.stop()
+        run = asyncio.create_task(sub.run_once())
+        await asyncio.sleep(1.0)  # the scenario: Redis down for a second while applying
+        redis_server.start()
+        assert await asyncio.wait_for(run, 60) == 0
+        await sub.stop()
+        assert differences(await ground_truth(http, base), mirror) == []
+
+
 async def test_audit_reports_missing_changed_and_extra_files(tmp_path: Path) -> None:
     mirror = tmp_path / "mirror"
     async with simulator(paused=True) as (_sim, base):

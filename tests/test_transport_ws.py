@@ -326,6 +326,69 @@ async def test_a_client_that_stops_reading_is_skipped_and_costs_bounded_memory(
     assert len(notifications(frames)) < total // 2  # most were dropped, not buffered
 
 
+@pytest.mark.parametrize("paced", [True, False], ids=["paced", "unpaced-control"])
+async def test_a_burst_larger_than_the_ring_reaches_a_live_client_from_memory(
+    log: NotificationLog, gateways: MakeGateway, paced: bool
+) -> None:
+    """The tailer is paced to its fastest client: no skip, and nothing re-read from the log.
+
+    5,000 records of ~4 KB (more than loopback socket buffers absorb) are
+    appended as fast as the log takes them, with a ring of 100, while the
+    client, after 100 frames, is busy elsewhere for 1.5 s.  Unpaced
+    (``pace_grace=0``, the control case) the tailer reads on during that
+    pause and pushes the client out of the ring; paced, it waits for the
+    client (the grace of 5 s exceeds the pause).
+    """
+    gateway = await gateways(log, queue_size=100, pace_grace=5.0 if paced else 0.0)
+    async with connect(url(gateway, f"/{C1}"), max_queue=4) as ws:
+        assert (await recv(ws))["head"] == 0
+        writer = asyncio.create_task(
+            append(log, C1, 5_000, batch=500, make=lambda seq: make_record(C1, seq, pad=4000))
+        )
+        frames: list[Frame] = []
+        try:
+            async with asyncio.timeout(60):
+                while not reached(C1, 5_000)(frames) and not (
+                    frames and frames[-1]["type"] == "skipped" and frames[-1]["resume"] > 5_000
+                ):
+                    frames.append(json.loads(await ws.recv()))
+                    if len(frames) == 100:
+                        await asyncio.sleep(1.5)  # the scenario: the client is busy elsewhere
+        except TimeoutError:
+            seqs = [f["seq"] for f in notifications(frames)]
+            kinds = sorted({f["type"] for f in frames})
+            pytest.fail(
+                f"{len(frames)} frames ({kinds}) in 60 s, seqs {seqs[:3]}..{seqs[-3:]}, last "
+                f"{frames[-1:]}, position {gateway.position(C1)}, replayed {gateway.replayed}"
+            )
+        await writer
+    skipped = [f for f in frames if f["type"] == "skipped"]
+    if not paced:
+        assert skipped or gateway.replayed, "the control run was never pushed out of the ring"
+        return
+    assert not skipped
+    assert_dense(notifications(frames), 0, 5_000)
+    assert gateway.replayed == 0
+
+
+async def test_each_live_record_is_reported_published_once(
+    log: NotificationLog, gateways: MakeGateway
+) -> None:
+    """``on_published`` (the publisher's ws metrics) counts records, not client frames."""
+    seen: list[tuple[str, int, float]] = []
+    gateway = await gateways(
+        log, on_published=lambda c, seq, size, latency: seen.append((c, seq, latency))
+    )
+    async with connect(url(gateway, f"/{C1}")) as one, connect(url(gateway, f"/{C1}")) as two:
+        for ws in (one, two):
+            assert (await recv(ws))["type"] == "hello"
+        await append(log, C1, 30)
+        for ws in (one, two):
+            assert_dense(notifications(await recv_until(ws, reached(C1, 30))), 0, 30)
+    assert [(c, seq) for c, seq, _ in seen] == [(C1, seq) for seq in range(1, 31)]
+    assert all(0 <= latency < 10 for _, _, latency in seen)
+
+
 async def test_a_token_is_required_in_the_header_or_the_query(
     log: NotificationLog, gateways: MakeGateway
 ) -> None:

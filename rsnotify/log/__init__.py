@@ -82,8 +82,12 @@ class NotificationLog(abc.ABC):
         checkpoint: str,
         fence: int | None = None,
         max_len: int | None = None,
+        logged_ms: int | None = None,
     ) -> int:
         """Append envelopes for seqs ``expected_head+1...`` and store ``checkpoint``, atomically.
+
+        ``logged_ms`` is the time recorded with the records (default: now); a
+        caller that keeps the records itself passes it to know their fields.
 
         Returns the new head.  Raises LogConflict, Fenced or LogUnavailable.
         An empty ``payloads`` just stores the checkpoint (e.g. a new ETag).

@@ -66,6 +66,9 @@ return 0
 """
 
 
+MAX_CONNECTIONS = 64  # per log client; more callers queue for a connection
+
+
 def _keys(collection: str) -> tuple[str, str, str]:
     tag = "{" + collection + "}"
     return f"rsn:{tag}:log", f"rsn:{tag}:meta", f"rsn:{tag}:cursors"
@@ -89,13 +92,20 @@ class RedisLog(NotificationLog):
         # A few quick retries ride out a dropped connection (a Redis restart);
         # longer outages surface as LogUnavailable for the caller's backoff.
         retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 3)
-        self._redis = aioredis.Redis.from_url(
+        # A blocking pool: a burst of callers (hundreds of WebSocket clients
+        # connecting at once, each reading the log) waits for a free connection
+        # instead of failing with "Too many connections" past redis-py's default
+        # limit of 100, which refused those clients as if Redis were down.
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=socket_timeout,
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout,
             retry=retry,
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
+        self._redis = aioredis.Redis.from_pool(pool)
         # A separate client for blocking reads, so a long XREAD BLOCK never
         # holds up appends on a shared connection's timeout.
         self._blocking = aioredis.Redis.from_url(url, socket_connect_timeout=socket_timeout)
@@ -137,13 +147,14 @@ class RedisLog(NotificationLog):
         checkpoint: str,
         fence: int | None = None,
         max_len: int | None = None,
+        logged_ms: int | None = None,
     ) -> int:
         log, meta, _ = _keys(collection)
         args: list[Any] = [
             expected_head,
             checkpoint,
             "" if fence is None else fence,
-            int(time.time() * 1000),
+            int(time.time() * 1000) if logged_ms is None else logged_ms,
             "" if max_len is None else max_len,
             *payloads,
         ]

@@ -98,6 +98,7 @@ class SQLiteLog(NotificationLog):
         checkpoint: str,
         fence: int | None,
         max_len: int | None,
+        logged_ms: int | None = None,
     ) -> int:
         db = self._db
         assert db is not None
@@ -111,7 +112,7 @@ class SQLiteLog(NotificationLog):
                 raise LogConflict(f"{collection}: head is {head}, expected {expected_head}")
             if fence is not None and fence < current_fence:
                 raise Fenced(f"{collection}: fencing token {fence} is stale")
-            now = int(time.time() * 1000)
+            now = int(time.time() * 1000) if logged_ms is None else logged_ms
             db.executemany(
                 "INSERT INTO log(collection, seq, data, logged_ms) VALUES (?,?,?,?)",
                 [(collection, head + i, p, now) for i, p in enumerate(payloads, start=1)],
@@ -219,9 +220,17 @@ class SQLiteLog(NotificationLog):
         checkpoint: str,
         fence: int | None = None,
         max_len: int | None = None,
+        logged_ms: int | None = None,
     ) -> int:
         head = await self._run(
-            self._append, collection, list(payloads), expected_head, checkpoint, fence, max_len
+            self._append,
+            collection,
+            list(payloads),
+            expected_head,
+            checkpoint,
+            fence,
+            max_len,
+            logged_ms,
         )
         if payloads:
             condition = self._condition()

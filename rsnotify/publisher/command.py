@@ -93,9 +93,37 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="bearer token WebSocket clients must present",
     )
     push.add_argument(
+        "--ws-cert", metavar="FILE", help="serve wss:// with this certificate chain (PEM)"
+    )
+    push.add_argument("--ws-key", metavar="FILE", help="private key for --ws-cert (PEM)")
+    push.add_argument(
         "--ws-only",
         action="store_true",
         help="gateway mode: serve WebSocket clients from the shared Redis log, detect nothing",
+    )
+    push.add_argument(
+        "--websub",
+        metavar="HOST:PORT",
+        help="run a WebSub hub here (ResourceSync Change Notification): topic per "
+        "collection at http://HOST:PORT/<collection>, Atom feed at <topic>/feed.atom",
+    )
+    push.add_argument(
+        "--websub-url",
+        metavar="URL",
+        help="the hub's public URL when it is not http://HOST:PORT/ (behind a proxy)",
+    )
+    push.add_argument(
+        "--websub-lease",
+        type=int,
+        metavar="SECONDS",
+        help="lease granted when a subscriber asks for none (default 10 days)",
+    )
+    push.add_argument(
+        "--websub-retry-max",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="longest wait between retries to a failing callback (default 30)",
     )
     push.add_argument(
         "--write-hubs",
@@ -135,9 +163,13 @@ def run(args: argparse.Namespace) -> int:
     if args.ws_only and not args.redis:
         print("rsnotify publish: --ws-only serves from a shared log and needs --redis", flush=True)
         return 2
-    if not (args.mqtt or args.ws):
+    if (args.ws_cert or args.ws_key) and not (args.ws and args.ws_cert):
+        print("rsnotify publish: --ws-cert/--ws-key need --ws, --ws-key a --ws-cert", flush=True)
+        return 2
+    if not (args.mqtt or args.ws or args.websub):
         print(
-            "rsnotify publish: note: no --mqtt or --ws given; notifications are only logged",
+            "rsnotify publish: note: no --mqtt, --ws or --websub given; "
+            "notifications are only logged",
             flush=True,
         )
     config = PublisherConfig(
@@ -156,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
         secret=args.secret.encode() if args.secret else None,
         secret_id=args.secret_id,
         ws_token=args.ws_token,
+        ws_cert=args.ws_cert,
+        ws_key=args.ws_key,
         from_beginning=args.from_beginning,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
@@ -167,5 +201,9 @@ def run(args: argparse.Namespace) -> int:
         ha=args.ha,
         ha_group=args.ha_group,
         lease_ttl=args.lease_ttl,
+        websub=args.websub,
+        websub_url=args.websub_url,
+        websub_lease=args.websub_lease,
+        websub_retry_max=args.websub_retry_max,
     )
     return asyncio.run(service.run(config))

@@ -35,6 +35,7 @@ from ..envelope import Notification, to_json
 from ..errors import DocumentError, FetchError, RsNotifyError
 from ..fetch import Fetcher
 from ..log import Fenced, LogConflict, LogUnavailable, NotificationLog, Retention, open_log
+from ..log.tail_cache import TailCache
 from ..metrics import PublisherMetrics, metrics_app, serve
 from ..model import Capability
 from ..outbound import Signer
@@ -67,6 +68,8 @@ class PublisherConfig:
     secret: bytes | None = None
     secret_id: str = "k1"
     ws_token: str | None = None
+    ws_cert: str | None = None  # PEM chain: the gateway serves wss://
+    ws_key: str | None = None
     from_beginning: bool = False
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
@@ -80,6 +83,10 @@ class PublisherConfig:
     ha: bool = False  # campaign for leadership through Redis; only the leader publishes
     ha_group: str | None = None  # publishers of one Source share a group (default: from SOURCE)
     lease_ttl: float = 3.0
+    websub: str | None = None  # HOST:PORT of the WebSub hub (rsnotify.transport.websub)
+    websub_url: str | None = None  # the hub's public URL, if not http://HOST:PORT/
+    websub_lease: int | None = None  # default lease granted (seconds)
+    websub_retry_max: float = 30.0  # longest wait between retries of a failing callback
 
 
 @dataclass(slots=True)
@@ -106,6 +113,7 @@ class Publisher:
         self._stopping = asyncio.Event()
         self._mqtt = None
         self._ws = None
+        self.websub: Any = None  # the WebSubHub, when --websub
         self._metrics_runner = None
         self.metrics_port: int | None = None
         self.ws_port: int | None = None
@@ -192,7 +200,8 @@ class Publisher:
     async def start(self) -> None:
         """Open the log, discover the Source, start watchers, transports and metrics."""
         config = self.config
-        self.log = open_log(config.redis, config.state_dir)
+        # Its own transports read back what it appends: from memory, not the backend.
+        self.log = TailCache(open_log(config.redis, config.state_dir))
         self._fetcher = Fetcher()
         self._access = (
             DirectoryAccess(config.source) if self._is_directory() else HttpAccess(self._fetcher)
@@ -286,7 +295,7 @@ class Publisher:
         config = self.config
         assert self.log is not None
         if config.ws:
-            from ..transport.ws import WebSocketGateway
+            from ..transport.ws import WebSocketGateway, server_tls_context
 
             host, _, port = config.ws.rpartition(":")
             self._ws = WebSocketGateway(
@@ -296,12 +305,55 @@ class Publisher:
                 fmt=config.fmt,
                 signer=self.signer,
                 token=config.ws_token,
+                ssl_context=server_tls_context(config.ws_cert, config.ws_key)
+                if config.ws_cert
+                else None,
                 heartbeat=config.heartbeat,
                 server_id=config.publisher_id,
                 on_client_change=self.metrics.ws_clients.set,
+                on_published=self._on_ws_published,
             )
             await self._ws.start()
             self.ws_port = self._ws.port
+        if config.websub:
+            await self._start_websub()
+
+    async def _start_websub(self) -> None:
+        """The WebSub hub serves from the log too (subscriptions: Redis or --state-dir)."""
+        from ..transport.websub import WebSubHub
+        from ..transport.websubproto import LeasePolicy
+        from ..transport.websubstore import open_store
+
+        config = self.config
+        assert self.log is not None and config.websub is not None
+        if config.ha or config.ws_only:
+            # Every instance would load the same subscriptions and deliver them all.
+            raise RsNotifyError("--websub runs one hub per log: not with --ha or --ws-only")
+        host, _, port = config.websub.rpartition(":")
+        lease = LeasePolicy()
+        if config.websub_lease:
+            lease = LeasePolicy(default=config.websub_lease)
+        self.websub = WebSubHub(
+            self.log,
+            open_store(config.redis, config.state_dir),
+            host=host or "127.0.0.1",
+            port=int(port),
+            public_url=config.websub_url,
+            lease=lease,
+            changelists={cid: c.watcher.changelist_url for cid, c in self.collections.items()},
+            backoff_max=config.websub_retry_max,
+            signer=self.signer,
+            # Never hold more than the log retains: "beyond retention" then means what it says.
+            ring_size=min(2_000, config.retention.max_len or 2_000),
+            server_id=config.publisher_id,
+        )
+        await self.websub.start()
+
+    def websub_advertisement(self, collection: str) -> tuple[str, str] | None:
+        """(topic, hub) for the Capability List's changelist-notification entry, if --websub."""
+        if self.websub is None:
+            return None
+        return self.websub.topic(collection), self.websub.url
 
     def hub_links(self, collection: str) -> list[str]:
         """The ``rs:ln rel="hub"`` hrefs Destinations need to find this collection's channels."""
@@ -317,13 +369,15 @@ class Publisher:
             )
         if config.ws and self.ws_port is not None:
             host = config.ws.rpartition(":")[0] or "127.0.0.1"
-            hrefs.append(f"ws://{host}:{self.ws_port}/{collection}")
+            scheme = "wss" if config.ws_cert else "ws"
+            hrefs.append(f"{scheme}://{host}:{self.ws_port}/{collection}")
         return hrefs
 
     def write_hub_links(self) -> None:
         """Add the hub links to each Capability List file of a directory Source (atomically)."""
         from .. import sitemap
-        from ..model import Link
+        from ..envelope import NOTIFICATION_CAPABILITY
+        from ..model import Entry, Link
 
         assert isinstance(self._access, DirectoryAccess)
         for cid, collection in self.collections.items():
@@ -331,7 +385,20 @@ class Publisher:
             document = sitemap.parse(path)
             known = {ln.href for ln in document.links if ln.rel == "hub"}
             new = [Link(rel="hub", href=h) for h in self.hub_links(cid) if h not in known]
-            if not new:
+            websub = self.websub_advertisement(cid)
+            if websub is not None and not any(
+                e.capability == NOTIFICATION_CAPABILITY and e.loc == websub[0]
+                for e in document.entries
+            ):
+                topic, hub = websub
+                document.entries.append(
+                    Entry(
+                        loc=topic,
+                        capability=NOTIFICATION_CAPABILITY,
+                        links=[Link(rel="hub", href=hub)],
+                    )
+                )
+            elif not new:
                 continue
             document.links.extend(new)
             temp = path.with_name(f".{path.name}.rsnotify-tmp")
@@ -345,6 +412,10 @@ class Publisher:
     def _on_mqtt_published(self, collection: str, seq: int, size: int, latency: float) -> None:
         self.metrics.published.labels(collection, "mqtt").inc()
         self.metrics.publish_latency.labels(collection, "mqtt").observe(latency)
+
+    def _on_ws_published(self, collection: str, seq: int, size: int, latency: float) -> None:
+        self.metrics.published.labels(collection, "ws").inc()
+        self.metrics.publish_latency.labels(collection, "ws").observe(latency)
 
     def _start_fs_watch(self) -> None:
         """Poll a collection as soon as one of its Change List documents is written."""
@@ -535,6 +606,11 @@ class Publisher:
         if self._ws is not None:
             with contextlib.suppress(Exception):
                 await self._ws.stop()
+        if self.websub is not None:
+            with contextlib.suppress(Exception):
+                await self.websub.stop()
+            with contextlib.suppress(Exception):
+                await self.websub.store.close()
         for task in [*self._tasks, *leading]:
             task.cancel()
         await asyncio.gather(*self._tasks, *leading, return_exceptions=True)
@@ -566,6 +642,8 @@ async def run(config: PublisherConfig, *, ready: asyncio.Event | None = None) ->
     parts = [f"{len(publisher.collections)} collection(s)"]
     if publisher.ws_port is not None:
         parts.append(f"ws://{config.ws.rpartition(':')[0] or '127.0.0.1'}:{publisher.ws_port}/")  # type: ignore[union-attr]
+    if publisher.websub is not None:
+        parts.append(f"websub {publisher.websub.url}")
     if publisher.metrics_port is not None:
         parts.append(f"metrics http://{config.metrics_host}:{publisher.metrics_port}/metrics")
     print(f"rsnotify publish: running: {'; '.join(parts)}", flush=True)
@@ -573,6 +651,14 @@ async def run(config: PublisherConfig, *, ready: asyncio.Event | None = None) ->
         print(f"rsnotify publish: collection {cid} {collection.capability_list}", flush=True)
         for href in publisher.hub_links(cid):
             print(f'rsnotify publish:   advertise <rs:ln rel="hub" href="{href}"/>', flush=True)
+        websub = publisher.websub_advertisement(cid)
+        if websub is not None:
+            print(
+                f"rsnotify publish:   advertise <url><loc>{websub[0]}</loc>"
+                f'<rs:md capability="changelist-notification"/>'
+                f'<rs:ln rel="hub" href="{websub[1]}"/></url>',
+                flush=True,
+            )
     if config.write_hubs:
         if not publisher._is_directory():
             print("rsnotify publish: --write-hubs needs a local directory SOURCE", flush=True)

@@ -164,6 +164,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="start with the generator paused (POST /_simulator/resume to start it)",
     )
     changes.add_argument(
+        "--clock-skew",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="run the Source's clock this many seconds ahead (negative: behind) of real time",
+    )
+    shape.add_argument(
+        "--large-every",
+        type=_nonneg_int,
+        default=0,
+        metavar="N",
+        help="make one resource URI in N large (--large-bytes), e.g. to kill a Destination "
+        "mid-write (default: none)",
+    )
+    shape.add_argument(
+        "--large-bytes",
+        type=_nonneg_int,
+        default=4 * 1024 * 1024,
+        help="mean size of the large resources (default: %(default)s)",
+    )
+    changes.add_argument(
         "--tick",
         type=float,
         default=0.01,
@@ -194,6 +215,9 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         hubs=tuple(args.hub),
         paused=args.paused,
         tick=args.tick,
+        clock_skew=args.clock_skew,
+        large_every=args.large_every,
+        large_bytes=args.large_bytes,
     )
 
 

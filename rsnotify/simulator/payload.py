@@ -50,13 +50,39 @@ def body_length(seed: int, loc: str, version: int, mean_bytes: int) -> int:
     return mean_bytes // 2 + int.from_bytes(digest, "big") % spread
 
 
-@lru_cache(maxsize=4096)
+LARGE_CACHE_BYTES = 256 * 1024  # bodies above this get a small cache of their own
+
+
+def is_large(loc: str, every: int) -> bool:
+    """Whether ``loc`` is one of the one-in-``every`` large resources (by its digest)."""
+    digest = hashlib.blake2b(loc.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % every == 0
+
+
 def body(seed: int, loc: str, version: int, mean_bytes: int) -> bytes:
     """The exact bytes of ``loc`` at ``version``.
 
     Cached because the same version is typically hashed once when the change
-    happens and then fetched by every Destination right after the notification.
+    happens and then fetched by every Destination right after the notification;
+    large bodies have a cache of their own, so a few of them cannot hold
+    gigabytes.
     """
+    if mean_bytes > LARGE_CACHE_BYTES:
+        return _large_body(seed, loc, version, mean_bytes)
+    return _body(seed, loc, version, mean_bytes)
+
+
+@lru_cache(maxsize=8)
+def _large_body(seed: int, loc: str, version: int, mean_bytes: int) -> bytes:
+    return _make(seed, loc, version, mean_bytes)
+
+
+@lru_cache(maxsize=4096)
+def _body(seed: int, loc: str, version: int, mean_bytes: int) -> bytes:
+    return _make(seed, loc, version, mean_bytes)
+
+
+def _make(seed: int, loc: str, version: int, mean_bytes: int) -> bytes:
     length = body_length(seed, loc, version, mean_bytes)
     if length == 0:
         return b""

@@ -35,6 +35,22 @@ Control and ground truth (JSON)
 ``POST /_simulator/advance?n=N``
     Apply N changes now (bounded by ``--max-changes``) and answer
     ``{"applied": k, "changes": total}``.
+``POST /_simulator/faults`` ``{"mode": M, "seconds": S, "scope": "all"|"resources"|"documents"}``
+    Misbehave for S seconds (fault-injection tests): ``500`` answers 500;
+    ``timeout`` holds each request until the window ends (or the fault is
+    replaced), then closes the connection without an answer; ``truncate``
+    sends the headers and half the body, then closes; ``bad-hash`` serves
+    resources with altered bytes (same length) so their fixity fails.  Mode
+    ``none`` ends the window now.
+    Control endpoints never misbehave.
+``POST /_simulator/clock?skew=S``
+    Offset the Source's clock by S seconds from now on (every datetime it
+    hands out and its ``Last-Modified`` headers); change datetimes still never
+    go backwards (see :class:`~.source.Source`).  ``--clock-skew`` sets it at start.
+``POST /_simulator/drop-entry``
+    Republish each collection's open Change List without one entry that a
+    later entry of the same resource supersedes (see :meth:`.site.Site.drop_superseded`);
+    answers ``{"dropped": [<loc>...]}``.
 
 Control requests that change state (pause, advance) return only after the
 ``--dir`` copy, if any, has caught up, so a test can compare it right away.
@@ -49,12 +65,13 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from . import payload
 from .diskwriter import DiskWriter
 from .site import RESOURCE_LIST_LIMIT, Site
 from .source import (
@@ -67,6 +84,10 @@ from .source import (
 )
 
 MAX_ADVANCE = 10_000_000
+MAX_SKEW = 10 * 365 * 86400.0
+MAX_FAULT_SECONDS = 3600.0
+FAULT_MODES = ("none", "500", "timeout", "truncate", "bad-hash")
+FAULT_SCOPES = ("all", "resources", "documents")
 _ADVANCE_CHUNK = 2000  # changes per slice, so /advance never blocks serving for long
 
 
@@ -94,6 +115,9 @@ class SimulatorConfig:
     tick: float = 0.01
     resourcelist_max_age: float = 1.0
     flush_interval: float = 0.5
+    clock_skew: float = 0.0
+    large_every: int = 0
+    large_bytes: int = 0
 
     def validate(self) -> None:
         """Raise :class:`SimulatorError` for any value the simulator cannot honour."""
@@ -107,6 +131,21 @@ class SimulatorConfig:
             raise SimulatorError(f"spec version must be 1.0 or 1.1, got {self.spec_version!r}")
         if self.resourcelist_max_age < 0 or self.flush_interval <= 0:
             raise SimulatorError("resource list max age must be >= 0 and flush interval > 0")
+        if abs(self.clock_skew) > MAX_SKEW:
+            raise SimulatorError(f"clock skew must be within +-{MAX_SKEW:g} s")
+
+
+@dataclass(slots=True)
+class _Fault:
+    """The HTTP misbehaviour in force (see ``POST /_simulator/faults``)."""
+
+    mode: str
+    until: float  # time.monotonic() when it ends
+    scope: str = "all"
+    hits: int = 0
+
+    def active(self) -> bool:
+        return self.mode != "none" and time.monotonic() < self.until
 
 
 @dataclass(slots=True)
@@ -140,6 +179,8 @@ class Simulator:
         self.site: Site | None = None
         self.writer: DiskWriter | None = None
         self.paused = config.paused
+        self.skew = timedelta(seconds=config.clock_skew)
+        self.fault = _Fault("none", 0.0)
         self.counters = _Counters()
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -160,7 +201,7 @@ class Simulator:
             layout = Layout(config.base_url or listening)
             source = Source(
                 layout=layout,
-                start=datetime.now(UTC),
+                start=self.now(),
                 collections=config.collections,
                 resources=config.resources,
                 changelist_size=config.changelist_size,
@@ -171,12 +212,14 @@ class Simulator:
                 max_changes=config.max_changes,
                 resurrect=config.resurrect,
                 hubs=config.hubs,
+                large_every=config.large_every,
+                large_bytes=config.large_bytes,
             )
             self.site = Site(source, resourcelist_size=config.resourcelist_size)
             if config.dir is not None:
                 self.writer = DiskWriter(config.dir, self.site)
                 self.writer.prepare()
-                await self.writer.flush(datetime.now(UTC))
+                await self.writer.flush(self.now())
             self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
             await self._runner.setup()
             await web.SockSite(self._runner, sock).start()
@@ -214,7 +257,7 @@ class Simulator:
                 await task
         self._tasks.clear()
         if self.writer is not None:
-            await self.writer.flush(datetime.now(UTC))
+            await self.writer.flush(self.now())
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -228,6 +271,10 @@ class Simulator:
 
     # -- changing --------------------------------------------------------------------
 
+    def now(self) -> datetime:
+        """The Source's clock: the real time plus the configured skew."""
+        return datetime.now(UTC) + self.skew
+
     @property
     def source(self) -> Source:
         assert self.site is not None, "simulator not started"
@@ -236,7 +283,7 @@ class Simulator:
     def apply(self, n: int) -> int:
         """Make up to ``n`` changes now: the single path for generator and /advance."""
         assert self.site is not None, "simulator not started"
-        applied = self.site.apply(n, datetime.now(UTC))
+        applied = self.site.apply(n, self.now())
         if applied:
             self.counters.batches += 1
             if self.writer is not None:
@@ -289,7 +336,7 @@ class Simulator:
         while True:
             await asyncio.sleep(self.config.flush_interval)
             if self.writer.pending:
-                await self.writer.flush(datetime.now(UTC), self._resourcelist_max_age())
+                await self.writer.flush(self.now(), self._resourcelist_max_age())
 
     def _resourcelist_max_age(self) -> float:
         """Stale Resource Lists only while the generator is changing things."""
@@ -299,7 +346,7 @@ class Simulator:
 
     async def _settle(self) -> None:
         if self.writer is not None:
-            await self.writer.flush(datetime.now(UTC), self._resourcelist_max_age())
+            await self.writer.flush(self.now(), self._resourcelist_max_age())
 
     # -- HTTP ------------------------------------------------------------------------
 
@@ -310,6 +357,9 @@ class Simulator:
         app.router.add_post("/_simulator/pause", self._pause)
         app.router.add_post("/_simulator/resume", self._resume)
         app.router.add_post("/_simulator/advance", self._advance)
+        app.router.add_post("/_simulator/faults", self._faults)
+        app.router.add_post("/_simulator/clock", self._clock)
+        app.router.add_post("/_simulator/drop-entry", self._drop_entry)
         app.router.add_get("/{path:.*}", self._serve)
         return app
 
@@ -323,12 +373,17 @@ class Simulator:
         assert self.site is not None
         rep = self.site.lookup(
             request.path,
-            datetime.now(UTC),
+            self.now(),
             resourcelist_max_age=self._resourcelist_max_age(),
         )
         if rep is None:
             self._count(404, 0)
             return web.Response(status=404, text="404: not found\n")
+        fault = self.fault
+        if fault.active() and fault.scope in ("all", _scope(rep.content_type)):
+            faulty = await self._misbehave(request, rep.body, fault)
+            if faulty is not None:
+                return faulty
         headers = {
             "ETag": rep.etag,
             "Last-Modified": rep.last_modified,
@@ -347,6 +402,40 @@ class Simulator:
                 return ranged
         self._count(200, 0 if request.method == "HEAD" else len(rep.body))
         return web.Response(body=rep.body, headers=headers)
+
+    async def _misbehave(
+        self, request: web.Request, body: bytes, fault: _Fault
+    ) -> web.StreamResponse | None:
+        """Answer as the fault in force says; None when it leaves this request alone."""
+        if fault.mode == "bad-hash" and request.method == "GET" and body:
+            fault.hits += 1
+            corrupt = bytes([body[0] ^ 0x01]) + body[1:]  # same length, other digest
+            self._count(200, len(corrupt))
+            return web.Response(body=corrupt, content_type="text/plain")
+        if fault.mode == "500":
+            fault.hits += 1
+            self._count(500, 0)
+            return web.Response(status=500, text="500: injected fault\n")
+        if fault.mode == "timeout":
+            fault.hits += 1
+            # Hold the request for the rest of the window (or until the fault is replaced).
+            while self.fault is fault and fault.active():
+                await asyncio.sleep(0.05)
+            self._count(0, 0)
+            if request.transport is not None:
+                request.transport.close()  # no answer at all: the client sees its timeout
+            return web.Response(status=504)  # never sent: the connection is gone
+        if fault.mode == "truncate" and request.method == "GET" and len(body) > 1:
+            fault.hits += 1
+            response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            response.content_length = len(body)
+            await response.prepare(request)
+            await response.write(body[: len(body) // 2])
+            self._count(200, len(body) // 2)
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        return None
 
     def _ranged(
         self, request: web.Request, body: bytes, headers: dict[str, str]
@@ -407,6 +496,11 @@ class Simulator:
             "spec_version": config.spec_version,
             "files_written": self.writer.files_written if self.writer else None,
             "dir_error": self.writer.error if self.writer else None,
+            "clock_skew_s": self.skew.total_seconds(),
+            "fault": {
+                "mode": self.fault.mode if self.fault.active() else "none",
+                "hits": self.fault.hits,
+            },
             "collections": {
                 c.capability_list_url: {
                     "resources": len(c.live),
@@ -439,6 +533,40 @@ class Simulator:
         self.paused = False
         return web.json_response({"paused": False, "changes": self.source.total_changes})
 
+    async def _faults(self, request: web.Request) -> web.Response:
+        try:
+            spec = await request.json()
+            mode = spec["mode"]
+            seconds = float(spec.get("seconds", 0))
+            scope = spec.get("scope", "all")
+        except (ValueError, TypeError, KeyError):
+            return _bad('body must be {"mode": M, "seconds": S[, "scope": ...]}')
+        if mode not in FAULT_MODES:
+            return _bad(f"mode must be one of {', '.join(FAULT_MODES)}, got {mode!r}")
+        if scope not in FAULT_SCOPES:
+            return _bad(f"scope must be one of {', '.join(FAULT_SCOPES)}, got {scope!r}")
+        if not 0 <= seconds <= MAX_FAULT_SECONDS:
+            return _bad(f"seconds must be 0..{MAX_FAULT_SECONDS:g}")
+        self.fault = _Fault(mode, time.monotonic() + seconds, scope)
+        return web.json_response({"mode": mode, "seconds": seconds, "scope": scope})
+
+    async def _clock(self, request: web.Request) -> web.Response:
+        raw = request.query.get("skew", "")
+        try:
+            skew = float(raw)
+        except ValueError:
+            skew = float("nan")
+        if not abs(skew) <= MAX_SKEW:
+            return _bad(f"skew must be a number of seconds within +-{MAX_SKEW:g}, got {raw!r}")
+        self.skew = timedelta(seconds=skew)
+        return web.json_response({"clock_skew_s": skew, "now": self.now().isoformat()})
+
+    async def _drop_entry(self, request: web.Request) -> web.Response:
+        assert self.site is not None
+        dropped = [self.site.drop_superseded(c) for c in self.source.collections]
+        await self._settle()
+        return web.json_response({"dropped": [loc for loc in dropped if loc is not None]})
+
     async def _advance(self, request: web.Request) -> web.Response:
         raw = request.query.get("n", "1")
         try:
@@ -458,3 +586,11 @@ class Simulator:
             await asyncio.sleep(0)  # let pending requests through between slices
         await self._settle()
         return web.json_response({"applied": applied, "changes": self.source.total_changes})
+
+
+def _scope(content_type: str) -> str:
+    return "resources" if content_type == payload.MEDIA_TYPE else "documents"
+
+
+def _bad(message: str) -> web.Response:
+    return web.json_response({"error": message}, status=400)

@@ -318,6 +318,32 @@ class Site:
             self._open[collection.name].extend(self.source, collection, collection.open_changelist)
         return applied
 
+    def drop_superseded(self, collection: Collection) -> str | None:
+        """Republish the open Change List without one entry; return its ``loc`` (None: none).
+
+        The entry dropped is the latest one whose resource changes again later
+        in the same list, so the Source's state is still fully described by
+        what remains, while the document shrinks in the middle: a reader that
+        remembers byte offsets or entry counts must notice.  The change still
+        counts as made.
+        """
+        state = collection.open_changelist
+        later: set[str] = set()
+        for i in range(len(state.changes) - 1, -1, -1):
+            loc = state.changes[i].loc
+            if loc in later:
+                break
+            later.add(loc)
+        else:
+            return None
+        del state.changes[i]
+        state.count -= 1
+        renderer = self._open[collection.name]
+        if i < len(renderer.fragments):
+            del renderer.fragments[i]
+        renderer.rendered = -1  # rebuild on the next request
+        return loc
+
     def _close(self, collection: Collection, state: ChangeListState) -> None:
         renderer = self._open[collection.name]
         if renderer.number != state.number:

@@ -350,6 +350,8 @@ class Source:
         max_changes: int | None = None,
         resurrect: float = 0.25,
         hubs: Sequence[str] = (),
+        large_every: int = 0,
+        large_bytes: int = 0,
     ) -> None:
         if not 1 <= collections <= MAX_COLLECTIONS:
             raise SimulatorError(f"collections must be 1..{MAX_COLLECTIONS}, got {collections}")
@@ -363,6 +365,10 @@ class Source:
             )
         if spec_version not in SPEC_VERSIONS:
             raise SimulatorError(f"spec version must be 1.0 or 1.1, got {spec_version!r}")
+        if large_every < 0 or not 0 <= large_bytes <= payload.MAX_PAYLOAD_BYTES:
+            raise SimulatorError(
+                f"large resources: every must be >= 0 and bytes 0..{payload.MAX_PAYLOAD_BYTES}"
+            )
         if max_changes is not None and max_changes < 0:
             raise SimulatorError(f"max changes must be >= 0, got {max_changes}")
         if not 0.0 <= resurrect <= 1.0:
@@ -373,6 +379,8 @@ class Source:
         self.start = start.astimezone(UTC)
         self.changelist_size = changelist_size
         self.payload_bytes = payload_bytes
+        self.large_every = large_every
+        self.large_bytes = large_bytes
         self.seed = seed
         self.weights = weights or Weights()
         self.spec_version = spec_version
@@ -433,11 +441,21 @@ class Source:
             return None
         return max(0, self.max_changes - self.total_changes)
 
+    def mean_bytes(self, loc: str) -> int:
+        """The mean size of ``loc``: ``large_bytes`` for one URI in ``large_every``.
+
+        Large resources let a test kill a Destination in the middle of writing
+        one; which URIs are large depends only on the URI, so it is repeatable.
+        """
+        if self.large_every and payload.is_large(loc, self.large_every):
+            return self.large_bytes
+        return self.payload_bytes
+
     def fixity(self, loc: str, version: int) -> Fixity:
-        return payload.fixity(self.seed, loc, version, self.payload_bytes)
+        return payload.fixity(self.seed, loc, version, self.mean_bytes(loc))
 
     def body(self, loc: str, version: int) -> bytes:
-        return payload.body(self.seed, loc, version, self.payload_bytes)
+        return payload.body(self.seed, loc, version, self.mean_bytes(loc))
 
     def apply(self, n: int, now: datetime) -> list[Applied]:
         """Make up to ``n`` changes at ``now`` (bounded by ``max_changes``), in order."""

@@ -24,11 +24,13 @@ catching up) becomes bytes on the Destination's disk.  Its guarantees:
   redirect hop (:mod:`rsnotify.fetch`).  A refused ``loc`` is reported, never
   retried, and nothing at all is fetched for it.
 
-When a fetch keeps failing (hash mismatch, 404) while a *newer* change of the
-same resource is already queued, the failure is expected (the Source has moved
-on since this change) and the change is recorded as
-:attr:`Outcome.SUPERSEDED` without waiting out the retries: catching up after
-a long outage would otherwise spend most of its time in backoff.
+A change whose resource already has a *newer* change (later datetime) queued
+is recorded as :attr:`Outcome.SUPERSEDED` without a fetch: the Source serves
+only the newest bytes, and the newer change fetches them.  Likewise when a
+fetch keeps failing (hash mismatch, 404) and a newer change arrives meanwhile:
+the failure is expected (the Source has moved on), and catching up after a
+long outage would otherwise spend most of its time in backoff.  Hooks do not
+run for a superseded change; they run for the change that replaces it.
 
 Every outcome lands in the apply log.  Local failures (disk full, unwritable
 mirror, broken resource store) are not outcomes: they raise
@@ -42,7 +44,8 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Collection, Mapping
+from collections import deque
+from collections.abc import AsyncIterable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -61,6 +64,7 @@ __all__ = ["Applier", "Hooks", "InvalidChange", "Outcome"]
 log = logging.getLogger("rsnotify.subscribe")
 
 DEFAULT_MAX_RESOURCE_BYTES = 1 << 30
+RECORD_BATCH = 2_000  # metadata-only changes recorded per transaction
 _RETRYABLE_STATUS = frozenset({408, 425, 429})
 _GONE_STATUS = frozenset({404, 410})
 
@@ -171,6 +175,9 @@ def _read_change(obj: Any) -> _Change:
     )
 
 
+_Queued = tuple[_Change, Any, "asyncio.Future[Outcome]"]
+
+
 def _already_applied(state: ResourceState | None, change: _Change) -> bool:
     if state is None or state.datetime < change.datetime:
         return False
@@ -245,8 +252,11 @@ class Applier:
         self.backoff_max = backoff_max
         self._semaphore = asyncio.Semaphore(concurrency)
         self._tails: dict[str, asyncio.Task[Outcome]] = {}
-        self._queued: dict[str, int] = {}
-        self._pending: set[asyncio.Task[Outcome]] = set()
+        self._queued: dict[str, list[datetime]] = {}  # loc -> datetimes submitted
+        self._pending: set[asyncio.Future[Outcome]] = set()
+        # metadata_only: changes waiting to be recorded, by one task, in order.
+        self._batch: deque[_Queued] = deque()
+        self._batcher: asyncio.Task[None] | None = None
 
     # -- ordering ---------------------------------------------------------------
 
@@ -262,30 +272,132 @@ class Applier:
         returned future holds the :class:`Outcome` (or a local failure).
         """
         view = _read_change(change)
+        if self.metadata_only:
+            return self._submit_record(view, change)
         previous = self._tails.get(view.loc)
-        self._queued[view.loc] = self._queued.get(view.loc, 0) + 1
+        self._queued.setdefault(view.loc, []).append(view.datetime)
         task = asyncio.get_running_loop().create_task(self._after(previous, view, change))
         self._tails[view.loc] = task
         self._pending.add(task)
-        task.add_done_callback(functools.partial(self._finished, view.loc))
+        task.add_done_callback(functools.partial(self._finished, view))
         return task
 
     async def _after(
         self, previous: asyncio.Task[Outcome] | None, view: _Change, change: Any
     ) -> Outcome:
-        if previous is not None:
-            await asyncio.wait([previous])  # its result or failure is its submitter's
-        return await self._apply(view, change, lambda: self._queued.get(view.loc, 0) > 1)
+        if previous is not None and not previous.done():
+            # Its result or failure is its submitter's; this change only waits.
+            try:
+                await previous
+            except Exception:
+                pass
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this change is cancelled itself
+        return await self._apply(view, change, functools.partial(self._newer_queued, view))
 
-    def _finished(self, loc: str, task: asyncio.Task[Outcome]) -> None:
+    def _submit_record(self, view: _Change, change: Any) -> asyncio.Future[Outcome]:
+        """metadata_only: queue for the batch recorder instead of a task per change.
+
+        Nothing is fetched, so there is nothing to run concurrently: one task
+        records queued changes in submission order (per-resource order holds
+        trivially), a batch per transaction, which is what lets a catch-up of
+        tens of thousands of changes finish in seconds.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = loop.create_future()
+        self._batch.append((view, change, future))
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        if self._batcher is None or self._batcher.done():
+            self._batcher = loop.create_task(self._record_batches())
+        return future
+
+    async def _record_batches(self) -> None:
+        while self._batch:
+            batch = [self._batch.popleft() for _ in range(min(RECORD_BATCH, len(self._batch)))]
+            try:
+                await self._record_batch(batch)
+            except Exception as exc:  # a local failure: the store cannot be written
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+            except BaseException:  # cancelled: nothing left will be recorded
+                for _, _, future in [*batch, *self._batch]:
+                    future.cancel()
+                self._batch.clear()
+                raise
+
+    async def _record_batch(self, batch: list[_Queued]) -> None:
+        store = self.resources
+        vetted = [self._vet(view) for view, _, _ in batch]
+        states = await store.get_many(
+            [view.loc for (view, _, _), (_, refusal) in zip(batch, vetted, strict=True)
+             if refusal is None]
+        )  # fmt: skip
+        rows: list[tuple[tuple[Any, ...], bool]] = []
+        plan: list[tuple[Outcome, _Failure | None]] = []
+        for (view, _, _), (_, refusal) in zip(batch, vetted, strict=True):
+            if refusal is not None:
+                outcome, update = refusal.outcome, False
+            elif _already_applied(states.get(view.loc), view):
+                outcome, update = Outcome.SKIPPED_ALREADY_APPLIED, False
+            else:
+                outcome, update = Outcome.RECORDED, True
+            row = store.row(
+                view.loc,
+                view.change,
+                view.datetime,
+                outcome=outcome,
+                seq=view.seq,
+                sha256=view.hashes.get("sha-256") if update else None,
+                length=view.length if update else None,
+                detail=refusal.detail if refusal is not None else None,
+            )
+            rows.append((row, update))
+            plan.append((outcome, refusal))
+            if update:
+                state = states.get(view.loc)
+                if state is None or view.datetime >= state.datetime:
+                    states[view.loc] = ResourceState(
+                        loc=view.loc,
+                        change=view.change,
+                        datetime=view.datetime,
+                        seq=view.seq,
+                        sha256=None,
+                        length=None,
+                        applied_at=view.datetime,
+                    )
+        await store.record_rows(rows)
+        for (view, change, future), (path, _), (outcome, refusal) in zip(
+            batch, vetted, plan, strict=True
+        ):
+            if refusal is not None:
+                await self._reported(view, change, refusal)
+            elif outcome is Outcome.RECORDED:
+                assert path is not None
+                await self._hook(view, change, path)
+            if not future.done():
+                future.set_result(outcome)
+
+    def _newer_queued(self, view: _Change) -> bool:
+        """True when a change of the same loc with a later datetime waits in the queue.
+
+        Submission order is not time order in general (a replay, a walk and
+        push can interleave), so "queued after me" is not enough.
+        """
+        return any(when > view.datetime for when in self._queued.get(view.loc, ()))
+
+    def _finished(self, view: _Change, task: asyncio.Task[Outcome]) -> None:
         self._pending.discard(task)
-        left = self._queued.get(loc, 1) - 1
-        if left:
-            self._queued[loc] = left
-        else:
-            self._queued.pop(loc, None)
-        if self._tails.get(loc) is task:
-            del self._tails[loc]
+        queued = self._queued.get(view.loc)
+        if queued is not None:
+            queued.remove(view.datetime)
+            if not queued:
+                del self._queued[view.loc]
+        if self._tails.get(view.loc) is task:
+            del self._tails[view.loc]
 
     async def drain(self) -> None:
         """Wait until every submitted change has finished.
@@ -301,6 +413,23 @@ class Applier:
                     first = task.exception()
         if first is not None:
             raise first
+
+    async def abandon(self) -> None:
+        """Cancel every submitted change and wait until none is still running.
+
+        Used before an engine restarts from its durable cursor after a local
+        failure: the restart resubmits those changes, and a straggler from
+        before must not rename older bytes over what the restart wrote.
+        """
+        for _, _, future in self._batch:
+            future.cancel()
+        self._batch.clear()
+        pending = list(self._pending)
+        for future in pending:
+            future.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        await self.mirror.settle()
 
     # -- one change -------------------------------------------------------------
 
@@ -350,10 +479,25 @@ class Applier:
             )
             await self._hook(view, change, path)
             return Outcome.DELETED
+        if superseded():
+            # A newer change of this resource is queued behind this one: the
+            # Source serves only the newest bytes, which that change fetches.
+            # Fetching now would at best be overwritten and, after a long
+            # outage, usually fail fixity (the resource has moved on).
+            return await self._report(
+                view, change, _Failure(Outcome.SUPERSEDED, False, "a newer change is queued")
+            )
         result = await self._fetch(view, path, superseded)
         if isinstance(result, _Failure):
             return await self._report(view, change, result)
         written, url = result
+        detail = None if url == view.loc else f"fetched from duplicate {url}"
+        return await self._applied(view, change, path, written, detail)
+
+    async def _applied(
+        self, view: _Change, change: Any, path: Path, written: Written, detail: str | None
+    ) -> Outcome:
+        """Record verified bytes now in the mirror, then run the hook."""
         await self.resources.record_applied(
             view.loc,
             view.change,
@@ -362,10 +506,43 @@ class Applier:
             sha256=written.digests.get("sha-256"),
             length=written.length,
             outcome=Outcome.APPLIED,
-            detail=None if url == view.loc else f"fetched from duplicate {url}",
+            detail=detail,
         )
         await self._hook(view, change, path)
         return Outcome.APPLIED
+
+    async def apply_content(
+        self, change: Any, chunks: Callable[[], AsyncIterable[bytes]], source: str
+    ) -> Outcome:
+        """Apply a created/updated change from bytes already at hand (a Resource Dump).
+
+        The same rules as a fetch: origin and path vetted, an older change
+        never overwrites a newer one, length and hashes verified before the
+        atomic rename.  A failure is returned, not retried: the caller falls
+        back to fetching ``loc``.  ``source`` names where the bytes came from
+        (the apply log's detail).
+        """
+        view = _read_change(change)
+        path, refusal = self._vet(view)
+        if refusal is not None:
+            return await self._report(view, change, refusal)
+        assert path is not None
+        if _already_applied(await self.resources.get(view.loc), view):
+            await self.resources.record_outcome(
+                view.loc, view.change, view.datetime, seq=view.seq,
+                outcome=Outcome.SKIPPED_ALREADY_APPLIED,
+            )  # fmt: skip
+            return Outcome.SKIPPED_ALREADY_APPLIED
+        try:
+            async with self._semaphore:
+                written = await self.mirror.write_atomic(
+                    path, chunks(), expected_length=view.length, expected_hashes=view.hashes
+                )
+        except (UnsafePath, PathConflict) as exc:
+            return await self._report(view, change, _path_failure(exc))
+        except FixityMismatch as exc:
+            return self._classify(exc, view).outcome  # the caller fetches loc instead
+        return await self._applied(view, change, path, written, f"from {source}")
 
     def _vet(self, view: _Change) -> tuple[Path | None, _Failure | None]:
         """Origin first (a forged notification is refused as such), then the path."""
@@ -433,6 +610,8 @@ class Applier:
             if superseded():
                 return _Failure(Outcome.SUPERSEDED, False, failure.detail)
             await asyncio.sleep(backoff.next())
+            if superseded():  # a newer change arrived while this one waited
+                return _Failure(Outcome.SUPERSEDED, False, failure.detail)
 
     @staticmethod
     def _maybe_superseded(failure: _Failure, superseded: Any) -> _Failure:
@@ -485,6 +664,10 @@ class Applier:
             outcome=failure.outcome,
             detail=failure.detail,
         )
+        return await self._reported(view, change, failure)
+
+    async def _reported(self, view: _Change, change: Any, failure: _Failure) -> Outcome:
+        """Log a recorded failure and run ``on_failed`` for those that are not done."""
         if failure.outcome.done:
             log.info("%s %s: %s", view.loc, failure.outcome, failure.detail)
         else:

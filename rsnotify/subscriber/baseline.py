@@ -8,17 +8,21 @@ snapshot and the first notification is missed, whatever the snapshot took.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from .. import sitemap, w3cdt
-from ..errors import InvalidDocument
+from ..errors import FetchError, InvalidDocument
 from ..fetch import Fetcher
 from ..model import ChangeType, Entry
 from .applier import Applier, Outcome
+from .dump import UnusableDump, apply_resource_dump
 
 log = logging.getLogger("rsnotify.subscribe")
 
@@ -31,11 +35,22 @@ class BaselineSummary:
     failed: int = 0
     seconds: float = 0.0
     at: datetime | None = None
+    dump_packages: int = 0  # Resource Dump packages used (0: none offered or usable)
+
+    def count(self, entry: Entry, outcome: Outcome) -> None:
+        if outcome is Outcome.SKIPPED_ALREADY_APPLIED:
+            self.skipped += 1
+        elif outcome.done:
+            self.files += 1
+            self.bytes += entry.length or 0
+        else:
+            self.failed += 1
 
     def line(self) -> str:
+        dump = f", {self.dump_packages} Resource Dump package(s)" if self.dump_packages else ""
         return (
             f"baseline: {self.files} files, {self.bytes} bytes in {self.seconds:.1f}s"
-            f" ({self.skipped} already present, {self.failed} failed)"
+            f" ({self.skipped} already present, {self.failed} failed{dump})"
         )
 
 
@@ -67,6 +82,18 @@ class _Progress:
             sys.stderr.flush()
 
 
+async def _finish(
+    futures: list[tuple[Entry, asyncio.Future[Outcome]]],
+    summary: BaselineSummary,
+    progress: _Progress,
+) -> None:
+    total = len(futures)
+    for done, (entry, future) in enumerate(futures, start=1):
+        summary.count(entry, await future)
+        progress.update(done, total)
+    progress.done()
+
+
 def _as_created(entry: Entry, at: datetime) -> Entry:
     """A Resource List entry as the creation of its state at the snapshot time."""
     return Entry(
@@ -83,21 +110,57 @@ def _as_created(entry: Entry, at: datetime) -> Entry:
 async def baseline(
     fetcher: Fetcher,
     applier: Applier,
-    resourcelist_url: str,
+    resourcelist_url: str | None,
     *,
     collection: str,
     max_bytes: int = sitemap.MAX_DOCUMENT_BYTES,
+    resourcedump_url: str | None = None,
+    workdir: Path | None = None,
 ) -> BaselineSummary:
-    """Apply every resource of the Resource List (or of each list in its index)."""
+    """Apply every resource of the Resource Dump, else of the Resource List (Index).
+
+    With a usable Resource Dump (packages with manifests, and an ``at``)
+    the resources come from its packages; entries a package cannot supply are
+    fetched.  If a package cannot be used at all, the Resource List completes
+    the baseline and the cursor starts at the earlier of the two ``at`` times,
+    so no change between them is missed.
+    """
     started = time.monotonic()
     summary = BaselineSummary()
+    progress = _Progress(f"{collection}: baseline")
+    futures: list[tuple[Entry, asyncio.Future[Outcome]]] = []
+    dump_at: datetime | None = None
+    if resourcedump_url is not None and not applier.metadata_only:
+        try:
+            dumped = await apply_resource_dump(
+                fetcher,
+                applier,
+                resourcedump_url,
+                as_created=_as_created,
+                workdir=workdir or Path(tempfile.gettempdir()),
+            )
+        except (UnusableDump, FetchError) as exc:
+            log.warning("%s: Resource Dump not used (%s); using the Resource List", collection, exc)
+        else:
+            dump_at = dumped.at
+            summary.dump_packages = dumped.packages
+            for entry, outcome in dumped.applied:
+                summary.count(entry, outcome)
+            for entry in dumped.fallback:
+                futures.append((entry, applier.submit(_as_created(entry, dumped.at))))
+            if not dumped.incomplete:
+                summary.at = dumped.at
+                resourcelist_url = None  # the dump was the whole baseline
+    if resourcelist_url is None:
+        await _finish(futures, summary, progress)
+        summary.seconds = time.monotonic() - started
+        log.info("%s: %s", collection, summary.line(), extra={"collection": collection})
+        return summary
     result = await fetcher.get(resourcelist_url, max_bytes=max_bytes)
     reader = sitemap.DocumentReader(result.body, limits=sitemap.Limits(max_bytes=max_bytes))
     header = reader.header
     at = header.at or w3cdt.now()
-    summary.at = at
-    progress = _Progress(f"{collection}: baseline")
-    futures = []
+    summary.at = min(at, dump_at) if dump_at is not None else at
 
     def submit_all(entries: list[Entry]) -> None:
         for entry in entries:
@@ -112,18 +175,7 @@ async def baseline(
             submit_all(document.entries)
     else:
         submit_all(list(reader))
-    total = len(futures)
-    for done, (entry, future) in enumerate(futures, start=1):
-        outcome = await future
-        if outcome is Outcome.SKIPPED_ALREADY_APPLIED:
-            summary.skipped += 1
-        elif outcome.done:
-            summary.files += 1
-            summary.bytes += entry.length or 0
-        else:
-            summary.failed += 1
-        progress.update(done, total)
-    progress.done()
+    await _finish(futures, summary, progress)
     summary.seconds = time.monotonic() - started
     log.info("%s: %s", collection, summary.line(), extra={"collection": collection})
     return summary

@@ -25,6 +25,8 @@ import contextlib
 import json
 import logging
 import ssl
+import sys
+import threading
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
@@ -68,6 +70,11 @@ def _head_event(payload: bytes) -> ev.Head | None:
         return None
 
 
+def client_tls_context(cafile: str) -> ssl.SSLContext:
+    """Verify a ``wss://`` gateway against this CA file (a private CA, a test CA)."""
+    return ssl.create_default_context(cafile=cafile)
+
+
 class MqttChannel:
     """One MQTT connection carrying every subscribed collection."""
 
@@ -92,15 +99,37 @@ class MqttChannel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: mqtt.Client | None = None
         self._routes: dict[str, tuple[str, str]] = {}
+        self._handoff: list[tuple[Callable[[ev.Event], None], ev.Event]] = []
+        self._handoff_lock = threading.Lock()
+        self._handoff_scheduled = False
         for collection in self.sinks:
             self._routes[f"{self.prefix}/{collection}/changes"] = (collection, "changes")
             self._routes[f"{self.prefix}/{collection}/head"] = (collection, "head")
 
     def _post(self, collection: str, event: ev.Event) -> None:
+        """Hand an event from paho's thread to the loop, in order.
+
+        Events queue here and one wake-up drains them all: a wake-up per
+        message (a write to the loop's self-pipe, a callback) was a visible
+        share of the subscriber's CPU at 1,000 messages/s.
+        """
         loop = self._loop
         sink = self.sinks.get(collection)
-        if loop is not None and sink is not None:
-            loop.call_soon_threadsafe(sink, event)
+        if loop is None or sink is None:
+            return
+        with self._handoff_lock:
+            self._handoff.append((sink, event))
+            if self._handoff_scheduled:
+                return
+            self._handoff_scheduled = True
+        loop.call_soon_threadsafe(self._drain_handoff)
+
+    def _drain_handoff(self) -> None:
+        with self._handoff_lock:
+            batch, self._handoff = self._handoff, []
+            self._handoff_scheduled = False
+        for sink, event in batch:
+            sink(event)
 
     def _broadcast(self, event: ev.Event) -> None:
         for collection in self.sinks:
@@ -114,6 +143,13 @@ class MqttChannel:
             return
         client.subscribe([(topic, 1) for topic in self._routes])
         self._broadcast(ev.Connected(session_present=bool(flags.session_present)))
+
+    def _on_connect_fail(self, client, userdata) -> None:  # type: ignore[no-untyped-def]
+        # paho retries a failed TCP/TLS connect silently; it calls this from inside
+        # its except block, so the exception (e.g. an unknown CA) is still at hand.
+        exc = sys.exc_info()[1]
+        why = f"{type(exc).__name__}: {exc}" if exc is not None else "no connection"
+        log.warning("MQTT connection to %s failed: %s", self.broker.redacted(), why)
 
     def _on_disconnect(self, client, userdata, flags, reason, properties) -> None:  # type: ignore[no-untyped-def]
         self._broadcast(ev.Disconnected(f"MQTT: {reason}"))
@@ -154,6 +190,7 @@ class MqttChannel:
             client.tls_set_context(context)
         client.reconnect_delay_set(min_delay=1, max_delay=10)
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         props = Properties(PacketTypes.CONNECT)

@@ -42,7 +42,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--via",
         metavar="URL",
-        help="push channel (mqtt://host:port or ws://host:port); default: the advertised hub",
+        help="push channel (mqtt://host:port, ws://host:port, websub for the advertised "
+        "WebSub hub, or a WebSub hub's http(s):// URL); default: the advertised hub",
+    )
+    parser.add_argument(
+        "--callback",
+        metavar="URL",
+        help="WebSub: this Destination's callback base URL (collection c is <URL>/c)",
+    )
+    parser.add_argument(
+        "--callback-listen",
+        metavar="HOST:PORT",
+        help="WebSub: bind here instead of the --callback URL's host and port",
+    )
+    parser.add_argument(
+        "--websub-lease",
+        type=int,
+        metavar="SECONDS",
+        help="WebSub: hub.lease_seconds to ask for (renewed at 2/3; default: the hub's)",
     )
     parser.add_argument(
         "--collection",
@@ -55,7 +72,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--topic-prefix", help="MQTT topic prefix (default: from the advertised hub)"
     )
     parser.add_argument(
-        "--concurrency", type=int, default=8, help="resources fetched at once (default 8)"
+        "--concurrency", type=int, default=16, help="resources fetched at once (default 16)"
     )
     parser.add_argument(
         "--metadata-only", action="store_true", help="record changes without fetching resources"
@@ -106,8 +123,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report", type=url_argument, metavar="URL", help="send telemetry to this Redis"
     )
+    parser.add_argument(
+        "--redis",
+        type=url_argument,
+        metavar="URL",
+        help="keep the cursors in this Redis (key rsn:dest:{NAME}:cursors) instead of SQLite",
+    )
     parser.add_argument("--mqtt-ca", metavar="FILE")
     parser.add_argument("--mqtt-insecure", action="store_true")
+    parser.add_argument(
+        "--ws-ca", metavar="FILE", help="CA certificate for wss:// (default: the system store)"
+    )
     parser.add_argument("--metrics-port", type=int)
     parser.add_argument("--metrics-host", default="127.0.0.1")
     parser.add_argument("--log-level", default="info")
@@ -136,8 +162,13 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         name=args.name,
         report=args.report,
+        redis=args.redis,
         mqtt_tls_ca=args.mqtt_ca,
         mqtt_tls_insecure=args.mqtt_insecure,
+        ws_tls_ca=args.ws_ca,
         retries=args.retries,
+        callback=args.callback,
+        callback_listen=args.callback_listen,
+        websub_lease=args.websub_lease,
     )
     return asyncio.run(service.run(config))

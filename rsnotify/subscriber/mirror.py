@@ -76,6 +76,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -83,8 +84,9 @@ import re
 import secrets
 import stat
 from collections.abc import AsyncIterable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
 import yarl
@@ -120,7 +122,12 @@ DEFAULT_ALGORITHMS = ("md5", "sha-256")
 
 _HOST = re.compile(r"[a-z0-9._-]+")
 _IPV6 = re.compile(r"[0-9a-f:.]+")
+T = TypeVar("T")
 _HEX = frozenset("0123456789ABCDEF")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Characters _escape rewrites (surrogates stand for undecodable bytes).
+_ESCAPED = re.compile(r"[%/\x00-\x1f\x7f\udc80-\udcff]")
+PATH_CACHE_SIZE = 16_384  # loc -> path answers kept (a catch-up asks once per change)
 # Safe in a URI path segment (RFC 3986 pchar minus pct-encoded); quote() adds
 # the unreserved set itself.
 _PCHAR_SAFE = "!$&'()*+,;=:@"
@@ -182,6 +189,8 @@ class Written(NamedTuple):
 def _escape(raw: bytes, *, extra: str = "") -> str:
     """A file name for the bytes ``raw``: UTF-8 text as itself, the rest as ``%XX``."""
     text = raw.decode("utf-8", errors="surrogateescape")
+    if not extra and not _ESCAPED.search(text):
+        return text  # the common case: nothing to rewrite
     out: list[str] = []
     for char in text:
         code = ord(char)
@@ -255,11 +264,20 @@ def path_for(loc: str, root: Path) -> Path:
     """The mirror path of ``loc`` under ``root`` (see the module docstring for the rules).
 
     Raises :class:`UnsafePath` for any URI that cannot be mapped safely.  Pure:
-    the filesystem is not consulted (symlinks are :class:`Mirror`'s business).
+    the filesystem is not consulted (symlinks are :class:`Mirror`'s business),
+    so answers are memoized: a catch-up maps the same few thousand URIs tens of
+    thousands of times.  Refusals are not memoized (they raise).
     """
+    if not isinstance(loc, str):
+        raise UnsafePath(f"{loc!r}: not a URI")
+    return _path_for(loc, root if isinstance(root, Path) else Path(root))
+
+
+@functools.lru_cache(maxsize=PATH_CACHE_SIZE)
+def _path_for(loc: str, root: Path) -> Path:
     if not isinstance(loc, str) or not loc:
         raise UnsafePath(f"{loc!r}: not a URI")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in loc):
+    if _CONTROL.search(loc):
         # urlsplit silently deletes tabs and newlines, which would alias URIs.
         raise UnsafePath(f"{loc[:200]!r}: control characters in a URI")
     try:
@@ -351,6 +369,24 @@ def _close_all(fds: Iterable[int]) -> None:
             os.close(fd)
 
 
+FSYNC_THREADS = 16
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _fsync_pool() -> ThreadPoolExecutor:
+    """Threads for fsync, rename and unlink: their own pool, sized for waiting on disks.
+
+    The loop's default executor has cpu+4 threads (6 here), shared with
+    anything else; at 1,000 changes/s each commit (file fsync, rename,
+    directory fsync) waits on the disk, and 6 threads capped the rate.  The
+    threads mostly sleep in the kernel, so more of them cost little.
+    """
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=FSYNC_THREADS, thread_name_prefix="rsnotify-fsync")
+    return _POOL
+
+
 class Mirror:
     """The mirror directory: safe atomic writes and deletes under ``root``.
 
@@ -365,6 +401,22 @@ class Mirror:
         except OSError as exc:
             raise MirrorError(f"cannot create mirror root {root_path}: {exc}") from None
         self.root = root_path.resolve()
+        self._inflight: set[asyncio.Future[object]] = set()
+
+    def _track(self, job: asyncio.Future[T]) -> asyncio.Future[T]:
+        self._inflight.add(job)  # type: ignore[arg-type]
+        job.add_done_callback(self._inflight.discard)  # type: ignore[arg-type]
+        return job
+
+    async def settle(self) -> None:
+        """Wait until every rename and unlink already under way has finished.
+
+        They are shielded from cancellation (a rename half done is worse than
+        one done), so a caller that cancelled its writers waits here before
+        letting anyone else write the same paths.
+        """
+        while self._inflight:
+            await asyncio.wait(list(self._inflight))
 
     def path_for(self, loc: str) -> Path:
         """:func:`path_for` under this mirror's root."""
@@ -517,8 +569,10 @@ class Mirror:
             digests = {algo: hasher.hexdigest() for algo, hasher in hashers.items()}
             self._verify(path, length, digests, expected_length, expected)
             handed_off = True
-            commit = asyncio.get_running_loop().run_in_executor(
-                None, self._commit, fd, dir_fd, dirty, temp, name, str(path)
+            commit = self._track(
+                asyncio.get_running_loop().run_in_executor(
+                    _fsync_pool(), self._commit, fd, dir_fd, dirty, temp, name, str(path)
+                )
             )
             # Shielded: once the rename is under way it finishes (and closes its
             # descriptors) even if the caller is cancelled.
@@ -601,8 +655,10 @@ class Mirror:
         dir_fd, _ = self._open_dirs(names[:-1], create=False, path=path)
         if dir_fd is None:
             return False
-        job = asyncio.get_running_loop().run_in_executor(
-            None, self._unlink, dir_fd, names[-1], str(path)
+        job = self._track(
+            asyncio.get_running_loop().run_in_executor(
+                _fsync_pool(), self._unlink, dir_fd, names[-1], str(path)
+            )
         )
         return await asyncio.shield(job)
 

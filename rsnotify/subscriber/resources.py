@@ -16,12 +16,21 @@ SQLite in WAL mode with ``synchronous=FULL``: a recorded apply survives
 ``kill -9`` and a power cut.  Every call runs on one worker thread (the
 connection's owner), so the event loop never waits on an fsync.  Times are
 stored as integer microseconds since the epoch so comparisons are exact.
+
+A catch-up submits tens of thousands of changes at once, and a thread round
+trip per question would dominate it.  So writes are group-committed, reads
+that arrive together are answered by one query, and recent answers are kept
+in a bounded write-through cache.  The cache is coherent because the store is
+the only writer of its file (one subscriber per DIR, enforced by a lock) and
+it is updated only after a commit, with the same "never backwards" rule the
+database applies.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +44,9 @@ from ..model import ChangeType
 __all__ = ["ApplyRecord", "ResourceState", "ResourceStore", "ResourceStoreError"]
 
 T = TypeVar("T")
+
+CACHE_SIZE = 20_000  # resource states kept in memory (~350 bytes each with the key)
+_READ_CHUNK = 500  # locs per SELECT ... IN (...), under SQLite's variable limit
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -111,12 +123,17 @@ def _from_us(value: int) -> datetime:
 class ResourceStore:
     """Per-resource applied state plus the apply log, in one SQLite file at ``path``."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, cache_size: int = CACHE_SIZE) -> None:
         self.path = Path(path)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsnotify-resources")
         self._db: sqlite3.Connection | None = None
         self._queue: list[tuple[tuple[Any, ...], bool, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        # loc -> state (None: known absent); most recently used last.
+        self._cache: OrderedDict[str, ResourceState | None] = OrderedDict()
+        self._cache_size = cache_size
+        self._reads: dict[str, list[asyncio.Future[ResourceState | None]]] = {}
+        self._reader: asyncio.Task[None] | None = None
         try:
             self._executor.submit(self._open).result()
         except sqlite3.Error as exc:
@@ -146,25 +163,27 @@ class ResourceStore:
 
     # -- worker-thread functions --------------------------------------------------
 
-    def _get(self, loc: str) -> ResourceState | None:
+    def _get_many(self, locs: list[str]) -> dict[str, ResourceState]:
         assert self._db is not None
-        row = self._db.execute(
-            "SELECT change, datetime_us, seq, sha256, length, applied_us "
-            "FROM resources WHERE loc=?",
-            (loc,),
-        ).fetchone()
-        if row is None:
-            return None
-        change, when, seq, sha256, length, applied = row
-        return ResourceState(
-            loc=loc,
-            change=ChangeType(change),
-            datetime=_from_us(when),
-            seq=seq,
-            sha256=sha256,
-            length=length,
-            applied_at=_from_us(applied),
-        )
+        found: dict[str, ResourceState] = {}
+        for start in range(0, len(locs), _READ_CHUNK):
+            chunk = locs[start : start + _READ_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for loc, change, when, seq, sha256, length, applied in self._db.execute(
+                "SELECT loc, change, datetime_us, seq, sha256, length, applied_us "
+                f"FROM resources WHERE loc IN ({marks})",
+                chunk,
+            ):
+                found[loc] = ResourceState(
+                    loc=loc,
+                    change=ChangeType(change),
+                    datetime=_from_us(when),
+                    seq=seq,
+                    sha256=sha256,
+                    length=length,
+                    applied_at=_from_us(applied),
+                )
+        return found
 
     def _record_many(self, batch: list[tuple[tuple[Any, ...], bool]]) -> list[bool]:
         """Write a batch of rows in one transaction: one fsync for all of them."""
@@ -190,15 +209,18 @@ class ResourceStore:
                         (loc, change, when, seq, sha256, length, applied),
                     )
                     changed = cursor.rowcount > 0
-                db.execute(
-                    "INSERT INTO apply_log(loc, change, datetime_us, seq, applied_us, sha256, "
-                    "length, outcome, detail) VALUES (?,?,?,?,?,?,?,?,?)",
-                    row,
-                )
                 results.append(changed)
+            db.executemany(
+                "INSERT INTO apply_log(loc, change, datetime_us, seq, applied_us, sha256, "
+                "length, outcome, detail) VALUES (?,?,?,?,?,?,?,?,?)",
+                [row for row, _ in batch],
+            )
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR): a
+            # second ROLLBACK would raise and hide the real error ("disk is full").
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
         return results
 
@@ -229,9 +251,66 @@ class ResourceStore:
                 if not isinstance(exc, Exception):
                     raise
                 continue
-            for (_, _, future), changed in zip(batch, results, strict=True):
+            for (row, update_state, future), changed in zip(batch, results, strict=True):
+                if update_state:
+                    self._remember_write(row, changed)
                 if not future.done():
                     future.set_result(changed)
+
+    # -- the cache ------------------------------------------------------------------
+
+    def _remember(self, loc: str, state: ResourceState | None) -> None:
+        cache = self._cache
+        cache[loc] = state
+        cache.move_to_end(loc)
+        if len(cache) > self._cache_size:
+            cache.popitem(last=False)
+
+    def _remember_write(self, row: tuple[Any, ...], changed: bool) -> None:
+        """Mirror a committed state write in the cache (the database decided ``changed``)."""
+        loc = row[0]
+        if not changed:
+            # The database kept a newer state; the cached one (if any) is it.
+            return
+        change, when, seq, applied, sha256, length = row[1:7]
+        self._remember(
+            loc,
+            ResourceState(
+                loc=loc,
+                change=ChangeType(change),
+                datetime=_from_us(when),
+                seq=seq,
+                sha256=sha256,
+                length=length,
+                applied_at=_from_us(applied),
+            ),
+        )
+
+    async def _read_batch(self) -> None:
+        """Answer every read queued meanwhile with one query (per chunk of locs)."""
+        while self._reads:
+            reads, self._reads = self._reads, {}
+            try:
+                found = await self._run(self._get_many, list(reads))
+            except BaseException as exc:
+                for futures in reads.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(
+                                exc if isinstance(exc, Exception) else ResourceStoreError(str(exc))
+                            )
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for loc, futures in reads.items():
+                # A write committed while this read was in flight is newer than
+                # what the read saw: the cache (filled by that write) wins.
+                state = self._cache[loc] if loc in self._cache else found.get(loc)
+                if loc not in self._cache:
+                    self._remember(loc, state)
+                for future in futures:
+                    if not future.done():
+                        future.set_result(state)
 
     def _log(self, loc: str | None, limit: int | None) -> list[ApplyRecord]:
         assert self._db is not None
@@ -271,7 +350,68 @@ class ResourceStore:
 
     async def get(self, loc: str) -> ResourceState | None:
         """The newest applied change of ``loc``, or None if none was ever applied."""
-        return await self._run(self._get, loc)
+        cache = self._cache
+        if loc in cache:
+            cache.move_to_end(loc)
+            return cache[loc]
+        if self._db is None:
+            raise ResourceStoreError(f"resource store {self.path} is closed")
+        future: asyncio.Future[ResourceState | None] = asyncio.get_running_loop().create_future()
+        self._reads.setdefault(loc, []).append(future)
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read_batch())
+        return await future
+
+    async def get_many(self, locs: list[str]) -> dict[str, ResourceState | None]:
+        """:meth:`get` for many locs: cached answers, the rest in one query per chunk."""
+        answers: dict[str, ResourceState | None] = {}
+        missing: list[str] = []
+        for loc in locs:
+            if loc in self._cache:
+                answers[loc] = self._cache[loc]
+            elif loc not in answers:
+                missing.append(loc)
+                answers[loc] = None
+        if missing:
+            found = await self._run(self._get_many, missing)
+            for loc in missing:
+                state = self._cache[loc] if loc in self._cache else found.get(loc)
+                if loc not in self._cache:
+                    self._remember(loc, state)
+                answers[loc] = state
+        return answers
+
+    async def record_rows(self, rows: list[tuple[tuple[Any, ...], bool]]) -> list[bool]:
+        """Write rows made by :meth:`row` in one transaction, in order.
+
+        ``(row, True)`` is :meth:`record_applied`, ``(row, False)`` is
+        :meth:`record_outcome`; the result says, per row, whether the state
+        moved.  For callers that already hold a whole batch (a catch-up of
+        recorded-only changes) and would otherwise pay a future per row.
+        """
+        if self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)  # earlier single writes land first
+        results = await self._run(self._record_many, rows)
+        for (row, update_state), changed in zip(rows, results, strict=True):
+            if update_state:
+                self._remember_write(row, changed)
+        return results
+
+    def row(
+        self,
+        loc: str,
+        change: ChangeType | str,
+        when: datetime,
+        *,
+        outcome: str,
+        seq: int | None = None,
+        sha256: str | None = None,
+        length: int | None = None,
+        detail: str | None = None,
+        applied_at: datetime | None = None,
+    ) -> tuple[Any, ...]:
+        """An apply-log row for :meth:`record_rows`."""
+        return self._row(loc, change, when, seq, sha256, length, outcome, detail, applied_at)
 
     async def record_applied(
         self,
@@ -352,6 +492,9 @@ class ResourceStore:
         """Close the database and its worker thread; idempotent."""
         if self._flusher is not None and not self._flusher.done():
             await self._flusher
+        if self._reader is not None and not self._reader.done():
+            await self._reader
+        self._cache.clear()
         if self._db is not None:
             db, self._db = self._db, None
             await asyncio.get_running_loop().run_in_executor(self._executor, db.close)

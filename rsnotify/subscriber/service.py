@@ -35,10 +35,11 @@ from ..report import SubscriberReporter
 from ..tracker import Checkpoint
 from .applier import Applier, Hooks
 from .baseline import baseline
-from .channels import MqttChannel, WebSocketChannel
+from .channels import MqttChannel, WebSocketChannel, client_tls_context
 from .cursor import CursorStore, StateLock
 from .gaps import GapDetector
 from .mirror import Mirror
+from .redis_cursor import RedisCursorStore, destination_id
 from .resources import ResourceStore
 from .sync import CollectionSync
 from .telemetry import SubscriberMetrics
@@ -54,7 +55,7 @@ class SubscriberConfig:
     via: str | None = None  # mqtt://... or ws://...; default: the advertised hub
     collections: Sequence[str] = ()
     topic_prefix: str | None = None
-    concurrency: int = 8
+    concurrency: int = 16
     metadata_only: bool = False
     once: bool = False
     heartbeat_timeout: float = 30.0
@@ -67,9 +68,14 @@ class SubscriberConfig:
     metrics_port: int | None = None
     name: str | None = None  # subscriber name in telemetry
     report: str | None = None  # redis:// URL: latency samples and status for the dashboard
+    redis: str | None = None  # redis:// URL: keep the cursors there instead of SQLite
     mqtt_tls_ca: str | None = None
     mqtt_tls_insecure: bool = False
+    ws_tls_ca: str | None = None  # CA file for wss:// gateways (None: the system store)
     retries: int = 5
+    callback: str | None = None  # --via websub: this Destination's callback base URL
+    callback_listen: str | None = None  # HOST:PORT to bind, if not the callback's own
+    websub_lease: int | None = None  # hub.lease_seconds to ask for (None: the hub's default)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -107,7 +113,12 @@ def _channel_for(via: str) -> str:
         return "mqtt"
     if scheme in ("ws", "wss"):
         return "ws"
-    raise RsNotifyError(f"{via}: a channel must be mqtt://, mqtts://, ws:// or wss://")
+    if via == "websub" or scheme in ("http", "https"):
+        return "websub"  # a WebSub hub (rsnotify.subscriber.websub)
+    raise RsNotifyError(
+        f"{via}: a channel must be mqtt://, mqtts://, ws://, wss://, websub or a WebSub hub's "
+        "http(s):// URL"
+    )
 
 
 class Subscriber:
@@ -118,10 +129,12 @@ class Subscriber:
         self.engines: dict[str, CollectionSync] = {}
         self._lock = StateLock(self.state_dir)
         self._fetcher: Fetcher | None = None
-        self._cursors: CursorStore | None = None
+        self._cursors: CursorStore | RedisCursorStore | None = None
         self._resources: ResourceStore | None = None
         self._channels: list[Any] = []
+        self._callbacks: Any = None  # the WebSub CallbackServer, when --via websub
         self._tasks: list[asyncio.Task[None]] = []
+        self._event_tasks: set[asyncio.Task[None]] = set()
         self._metrics_runner: Any = None
         self.metrics_port: int | None = None
         self.stopping = asyncio.Event()
@@ -158,9 +171,15 @@ class Subscriber:
         removed = mirror.cleanup_temp()
         if removed:
             log.info("removed %d temporary file(s) left by an interrupted write", removed)
-        self._cursors = CursorStore(self.state_dir / "cursor.sqlite3")
+        self._cursors = (
+            RedisCursorStore(config.redis, destination_id(config.into, config.name))
+            if config.redis
+            else CursorStore(self.state_dir / "cursor.sqlite3")
+        )
         self._resources = ResourceStore(self.state_dir / "resources.sqlite3")
-        self._fetcher = Fetcher()
+        # One keep-alive connection per transfer slot: fewer would quietly cap
+        # --concurrency (the pool, not the semaphore, would be the limit).
+        self._fetcher = Fetcher(limit_per_host=max(8, config.concurrency))
         if config.metrics_port is not None:
             self._metrics_runner, self.metrics_port = await serve(
                 metrics_app(self.metrics.registry), config.metrics_host, config.metrics_port
@@ -211,6 +230,7 @@ class Subscriber:
                 on_applied=self._telemetry(cid),
                 on_event=self._event_recorder(cid),
                 resourcelist_url=cap.capabilities.get(Capability.RESOURCELIST),
+                resourcedump_url=cap.capabilities.get(Capability.RESOURCEDUMP),
             )
             self.engines[cid] = engine
             if config.once:
@@ -219,13 +239,17 @@ class Subscriber:
             if hub is None:
                 log.warning("%s advertises no push channel: polling only (give --via)", cap.url)
                 continue
-            if _channel_for(hub) == "ws":
+            if _channel_for(hub) == "websub":
+                self._channels.append(self._websub_channel(cap, cid, hub, engine))
+                self.metrics.transport.labels(cid).info({"transport": "websub"})
+            elif _channel_for(hub) == "ws":
                 channel = WebSocketChannel(
                     hub,
                     cid,
                     engine.offer,
                     since=lambda e=engine: e.applied_seq,
                     token=config.ws_token,
+                    ssl_context=client_tls_context(config.ws_tls_ca) if config.ws_tls_ca else None,
                 )
                 engine.replay = channel.replay
                 self._channels.append(channel)
@@ -264,6 +288,27 @@ class Subscriber:
             reporter = SubscriberReporter(config.report, self).attach()
             self._tasks.append(asyncio.create_task(reporter.run()))
 
+    def _websub_channel(self, cap: Any, cid: str, via: str, engine: CollectionSync) -> Any:
+        """A WebSub subscription for one collection (wiring; see :mod:`.websub`)."""
+        from .websub import CallbackServer, WebSubChannel, load_secret, websub_target
+
+        if not self.config.callback:
+            raise RsNotifyError("--via websub needs --callback http://HOST:PORT/PATH")
+        if self._callbacks is None:
+            self._callbacks = CallbackServer(
+                self.config.callback, listen=self.config.callback_listen
+            )
+        hub, topic = websub_target(cap, cid, via)
+        return WebSubChannel(
+            self._callbacks,
+            hub=hub,
+            topic=topic,
+            collection=cid,
+            sink=engine.offer,
+            secret=load_secret(self.state_dir),
+            lease_seconds=self.config.websub_lease,
+        )
+
     def _telemetry(self, collection: str):  # type: ignore[no-untyped-def]
         def on_applied(n: Notification, received: float, applied: float) -> None:
             self.metrics.observe(collection, n, received, applied)
@@ -277,17 +322,27 @@ class Subscriber:
                 task = asyncio.get_running_loop().create_task(
                     self._cursors.event(collection, kind, detail)
                 )
-                self._tasks.append(task)
+                # Kept until done (a task nobody references may be collected
+                # mid-flight), then dropped: a long run records many events.
+                self._event_tasks.add(task)
+                task.add_done_callback(self._event_tasks.discard)
 
         return on_event
 
     async def _baseline_for(self, engine: CollectionSync) -> Any:
-        url = engine.resourcelist_url
-        if url is None:
+        url, dump = engine.resourcelist_url, engine.resourcedump_url
+        if url is None and dump is None:
             log.warning("%s: no Resource List; starting from the Change Lists", engine.collection)
             return None
         assert self._fetcher is not None
-        summary = await baseline(self._fetcher, engine.applier, url, collection=engine.collection)
+        summary = await baseline(
+            self._fetcher,
+            engine.applier,
+            url,
+            collection=engine.collection,
+            resourcedump_url=dump,
+            workdir=self.state_dir,
+        )
         print(f"rsnotify subscribe: {engine.collection}: {summary.line()}", flush=True)
         return summary.at
 
@@ -342,6 +397,8 @@ class Subscriber:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for engine in self.engines.values():
             await engine.close()
+        if self._event_tasks:  # the last events, before their store closes
+            await asyncio.gather(*self._event_tasks, return_exceptions=True)
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
         if self._fetcher is not None:

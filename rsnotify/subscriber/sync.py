@@ -93,6 +93,7 @@ class CollectionSync:
         on_applied: Callable[[Notification, float, float], None] | None = None,
         on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
         resourcelist_url: str | None = None,
+        resourcedump_url: str | None = None,
         tick: float = 0.5,
     ) -> None:
         self.collection = collection
@@ -107,6 +108,7 @@ class CollectionSync:
         self.on_event = on_event
         self.tick = tick
         self.resourcelist_url = resourcelist_url
+        self.resourcedump_url = resourcedump_url
         self.queue: asyncio.Queue[ev.Event] = asyncio.Queue(QUEUE_SIZE)
         self.stats = SyncStats()
         self._pending: deque[_Pending] = deque()
@@ -177,6 +179,20 @@ class CollectionSync:
         self._wake.set()
 
     async def _commit_loop(self) -> None:
+        """Run :meth:`_commit_batches`; a cursor that cannot be written stops the pipeline.
+
+        Without this, a failing save (disk full) ended the task silently and
+        :meth:`drain` waited for it forever: the engine hung instead of
+        restarting from its durable cursor (found by the chaos matrix).
+        """
+        try:
+            await self._commit_batches()
+        except Exception as exc:
+            self.failure = exc
+            self.idle.set()
+            log.error("%s: cannot save the cursor: %s", self.collection, exc)
+
+    async def _commit_batches(self) -> None:
         """Advance the durable cursor over the applied prefix, writing it in batches.
 
         A batch ends when the pipeline is empty or :data:`SAVE_INTERVAL` has
@@ -404,6 +420,9 @@ class CollectionSync:
 
     async def start(self, baseline: Callable[[], Any] | None) -> None:
         """Load the cursor, baseline if this is the first run, catch up, then go live."""
+        if self._committer is not None:  # a restart: one committer per engine, never two
+            self._committer.cancel()
+            await asyncio.wait({self._committer})  # its outcome is moot; ours still propagates
         self._pending.clear()
         self.failure = None
         self._committer = asyncio.create_task(self._commit_loop())
@@ -423,9 +442,12 @@ class CollectionSync:
         """Consume channel events until cancelled."""
         while True:
             event: ev.Event | None = None
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.tick):
-                    event = await self.queue.get()
+            if not self.queue.empty():
+                event = self.queue.get_nowait()  # busy: no timer per event
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.tick):
+                        event = await self.queue.get()
             now = time.monotonic()
             gap = self._on_event(event, now) if event is not None else None
             gap = gap or self.detector.tick(now)
@@ -441,6 +463,10 @@ class CollectionSync:
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.drain()
+        if self.failure is not None:
+            # Stopped by a local failure with changes still in flight: stop
+            # them before anyone restarts from the cursor and resubmits them.
+            await self.applier.abandon()
         if self._committer is not None:
             self._committer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -11,6 +11,7 @@ stage values are clamped to zero and the dashboard says so.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
@@ -21,6 +22,7 @@ from ..metrics import LATENCY_BUCKETS
 class SubscriberMetrics:
     def __init__(self, subscriber: str) -> None:
         self.subscriber = subscriber
+        self._by_collection: dict[str, tuple[Any, ...]] = {}
         self.registry = CollectorRegistry()
         r = self.registry
         labels = ["collection", "subscriber"]
@@ -64,11 +66,25 @@ class SubscriberMetrics:
             "rsnotify_subscriber_transport", "Push channel in use", ["collection"], registry=r
         )
 
+    def _children(self, collection: str) -> tuple[Any, ...]:
+        """The labelled series of one collection, looked up once (``labels()`` locks)."""
+        children = self._by_collection.get(collection)
+        if children is None:
+            labels = (collection, self.subscriber)
+            children = self._by_collection[collection] = (
+                self.applied.labels(*labels),
+                self.e2e.labels(*labels),
+                {},  # stage -> series, made on first use (unused stages stay absent)
+                self.cursor.labels(*labels),
+                self.lag.labels(*labels),
+            )
+        return children
+
     def observe(self, collection: str, n: Notification, received: float, applied: float) -> None:
-        labels = (collection, self.subscriber)
+        applied_total, e2e, stage, cursor, lag = self._children(collection)
         changed = n.datetime.timestamp()
-        self.applied.labels(*labels).inc()
-        self.e2e.labels(*labels).observe(max(0.0, applied - changed))
+        applied_total.inc()
+        e2e.observe(max(0.0, applied - changed))
         detected = n.detected.timestamp() if n.detected is not None else None
         published = n.published.timestamp() if n.published is not None else None
         stages = {"apply": applied - received}
@@ -78,10 +94,13 @@ class SubscriberMetrics:
                 stages["publish"] = published - detected
         if published is not None:
             stages["deliver"] = received - published
-        for stage, seconds in stages.items():
-            self.stage.labels(*labels, stage).observe(max(0.0, seconds))
-        self.cursor.labels(*labels).set(n.seq)
-        self.lag.labels(*labels).set(max(0.0, time.time() - changed))
+        for name, seconds in stages.items():
+            series = stage.get(name)
+            if series is None:
+                series = stage[name] = self.stage.labels(collection, self.subscriber, name)
+            series.observe(max(0.0, seconds))
+        cursor.set(n.seq)
+        lag.set(max(0.0, time.time() - changed))
 
     def event(self, collection: str, kind: str) -> None:
         self.events.labels(collection, self.subscriber, kind).inc()

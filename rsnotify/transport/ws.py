@@ -56,6 +56,7 @@ import logging
 import os
 import random
 import socket
+import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -86,6 +87,9 @@ PUMP_BUDGET = 64
 WAIT_TIMEOUT = 2.0
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
+#: How long a tailer whose ring is full waits for its fastest client to make
+#: room, and how recent that client's progress must be to be waited for.
+PACE_GRACE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,7 @@ class _Item:
     loc: str
     change: str
     tail: bytes | None  # None: the record could not be rendered; sent as a one-seq skip
+    read_at: float = 0.0  # loop time the tailer read it (0: read for a replay)
 
 
 class _Tailer:
@@ -108,6 +113,9 @@ class _Tailer:
         self.clients: set[_Client] = set()
         self.healthy = True
         self.task: asyncio.Task[None] | None = None
+        self.progress = asyncio.Event()  # set when a client sent frames from the ring
+        self.announced = position  # last seq reported to on_published
+        self.progressed = 0.0  # loop time of that
 
     @property
     def window_start(self) -> int:
@@ -116,6 +124,11 @@ class _Tailer:
 
     def item(self, seq: int) -> _Item:
         return self.ring[seq - self.ring[0].seq]
+
+    def fastest(self) -> int | None:
+        """The furthest position any client of this tailer has sent up to."""
+        positions = [s.cursor.position for c in self.clients for s in c.streams if s.tailer is self]
+        return max(positions, default=None)
 
 
 @dataclass(slots=True, eq=False)
@@ -135,7 +148,10 @@ class WebSocketGateway:
     """Serve the notification log over WebSocket (protocol: :mod:`.wsproto`).
 
     ``on_client_change`` is called with the number of connected clients
-    whenever it changes (e.g. to set a Prometheus gauge).  Bind to an IP
+    whenever it changes (e.g. to set a Prometheus gauge).  ``on_published``
+    is called once per live record, when its frame is first written to a
+    client: ``(collection, seq, frame_tail_len, seconds since the tailer read
+    it)``; replays and later clients are not counted again.  Bind to an IP
     address: with ``port=0`` and a host name that resolves to several
     addresses, each socket would get a different port.
     """
@@ -159,9 +175,12 @@ class WebSocketGateway:
         max_clients: int = 10_000,
         server_id: str | None = None,
         on_client_change: Callable[[int], None] | None = None,
+        on_published: Callable[[str, int, int, float], None] | None = None,
         write_limit: int = 64 * 1024,
         close_timeout: float = 5.0,
         refresh_interval: float = 10.0,
+        pace_grace: float = PACE_GRACE,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if fmt not in wsproto.FORMATS:
             raise ValueError(f"unknown notification format {fmt!r}")
@@ -186,7 +205,11 @@ class WebSocketGateway:
         self._ping_timeout = ping_timeout
         self._close_timeout = close_timeout
         self._refresh_interval = refresh_interval
+        self._pace_grace = pace_grace
         self._on_client_change = on_client_change
+        self._on_published = on_published
+        self._ssl_context = ssl_context  # wss:// when set (see server_tls_context)
+        self.replayed = 0  # records sent from the log rather than the ring (a cost metric)
         self._server: Server | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._refreshing: asyncio.Future[dict[str, str]] | None = None
@@ -216,10 +239,15 @@ class WebSocketGateway:
             max_size=wsproto.MAX_CLIENT_FRAME_BYTES,
             max_queue=4,
             write_limit=self.write_limit,
+            ssl=self._ssl_context,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self._refresher = asyncio.create_task(self._refresh_loop(), name="rsnotify-ws-refresh")
-        logger.info("WebSocket gateway %s listening on %s:%d", self.server_id, self.host, self.port)
+        scheme = "wss" if self._ssl_context is not None else "ws"
+        logger.info(
+            "WebSocket gateway %s listening on %s://%s:%d",
+            self.server_id, scheme, self.host, self.port,
+        )  # fmt: skip
 
     async def stop(self) -> None:
         """Close every client with 1001 (going away), then stop the tailers."""
@@ -420,7 +448,13 @@ class WebSocketGateway:
             if action == wsproto.IDLE:
                 return done > 0
             if action == wsproto.FROM_RING:
-                await self._deliver(ws, cursor, tailer.item(cursor.position + 1))
+                item = tailer.item(cursor.position + 1)
+                await self._deliver(ws, cursor, item)
+                now = tailer.progressed = asyncio.get_running_loop().time()
+                tailer.progress.set()
+                if item.seq > tailer.announced:
+                    tailer.announced = item.seq
+                    self._published(tailer.collection, item, now)
             elif action == wsproto.SKIP:
                 first, resume = cursor.skip_to(tailer.position + 1)
                 await ws.send(wsproto.skipped(cursor.collection, first, resume))
@@ -438,10 +472,19 @@ class WebSocketGateway:
             frame = wsproto.notification_frame(cursor.collection, item.seq, prev, item.tail)
             await ws.send(frame, text=True)
 
+    def _published(self, collection: str, item: _Item, now: float) -> None:
+        if self._on_published is None or item.tail is None:
+            return
+        try:
+            self._on_published(collection, item.seq, len(item.tail), now - item.read_at)
+        except Exception:
+            logger.exception("on_published callback failed")
+
     async def _replay(self, ws: ServerConnection, stream: _Stream) -> None:
         """One batch from the log for a client that is behind the ring."""
         cursor, tailer = stream.cursor, stream.tailer
         records = await self.log.read(cursor.collection, cursor.position, limit=REPLAY_BATCH)
+        self.replayed += len(records)
         for record in records:
             if record.seq <= cursor.position:
                 continue
@@ -468,6 +511,7 @@ class WebSocketGateway:
         batch = min(TAIL_BATCH, self.queue_size)
         delay = BACKOFF_MIN
         while tailer.clients:
+            await self._make_room(tailer, batch)
             try:
                 records = await self.log.wait(
                     collection, tailer.position, timeout=WAIT_TIMEOUT, limit=batch
@@ -490,16 +534,42 @@ class WebSocketGateway:
         if self._tailers.get(collection) is tailer:
             del self._tailers[collection]
 
+    async def _make_room(self, tailer: _Tailer, batch: int) -> None:
+        """Hold the tailer while reading on would push its fastest client out of the ring.
+
+        In a burst (a 50,000-entry Change List appears at once) the tailer
+        reads the log faster than any client can be written to; unpaced, it
+        overruns the ring and every client falls back to re-reading and
+        re-rendering from the log.  Paced to the fastest client, that client
+        is served from memory throughout.  A client that makes no progress
+        for ``pace_grace`` seconds is not waited for: slow clients must not hold
+        the others back, and they get ``skipped`` as before.
+        """
+        loop = asyncio.get_running_loop()
+        while tailer.clients:
+            fastest = tailer.fastest()
+            if fastest is None or tailer.position + batch - fastest <= self.queue_size:
+                return
+            if loop.time() - tailer.progressed > self._pace_grace:
+                return
+            tailer.progress.clear()
+            try:
+                async with asyncio.timeout(self._pace_grace):
+                    await tailer.progress.wait()
+            except TimeoutError:
+                return
+
     def _advance(self, tailer: _Tailer, records: Sequence[LogRecord]) -> None:
+        now = asyncio.get_running_loop().time()
         for record in records:
             if record.seq <= tailer.position:
                 continue
             if record.seq != tailer.position + 1:
                 tailer.ring.clear()  # trimmed before we read them: keep the ring dense
-            tailer.ring.append(self._render(tailer.collection, record))
+            tailer.ring.append(self._render(tailer.collection, record, now))
             tailer.position = record.seq
 
-    def _render(self, collection: str, record: LogRecord) -> _Item:
+    def _render(self, collection: str, record: LogRecord, read_at: float = 0.0) -> _Item:
         try:
             obj: Any = json.loads(record.data)
             loc, change = obj["loc"], obj["change"]
@@ -513,9 +583,9 @@ class WebSocketGateway:
                 record.seq,
                 exc,
             )
-            return _Item(record.seq, "", "", None)
+            return _Item(record.seq, "", "", None, read_at)
         tail = wsproto.notification_tail(self.fmt, rendered.payload, rendered.signature)
-        return _Item(record.seq, loc, change, tail)
+        return _Item(record.seq, loc, change, tail, read_at)
 
     # -- collections -------------------------------------------------------------
 
@@ -556,3 +626,22 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
     """Mark a shared future's exception as seen even if every awaiter went away."""
     if not future.cancelled():
         future.exception()
+
+
+def server_tls_context(certfile: str, keyfile: str | None = None) -> ssl.SSLContext:
+    """The gateway's TLS context for ``wss://`` (certificate chain and key, PEM).
+
+    Bearer tokens cross the wire in every handshake: without TLS anyone on the
+    path can read and replay them.  A bad file is a clear TransportError at
+    startup, not a failed handshake per client.
+    """
+    from . import TransportError
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        message = f"cannot load the WebSocket TLS certificate {certfile}: {exc}"
+        raise TransportError(message) from None
+    return context

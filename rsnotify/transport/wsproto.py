@@ -201,7 +201,10 @@ def _changes(values: Iterable[Any] | None) -> frozenset[str] | None:
 
 def parse_target(target: str) -> Subscription | None:
     """The subscription in a handshake's request target; None for ``/`` (subscribe frame)."""
-    parts = urlsplit(target)
+    try:
+        parts = urlsplit(target)
+    except ValueError:  # "//[x": urlsplit reads a netloc with a broken IPv6 literal
+        raise InvalidSubscription("bad_request", "malformed request target") from None
     path = unquote(parts.path)
     if not path.startswith("/"):
         raise InvalidSubscription("bad_request", "request path must start with /")
