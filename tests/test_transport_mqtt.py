@@ -286,9 +286,10 @@ async def test_a_broker_outage_delays_pushes_without_losing_any_or_queueing_in_m
     # Sampled every millisecond throughout: the messages paho holds for the
     # pusher's live client (``Client._out_messages``, paho's internal queue of
     # unacknowledged QoS 1 messages: no public accessor exists) and the
-    # pusher's own count awaiting PUBACK.  Both must stay within the window,
-    # including while 600 notifications pile up in the log during the outage
-    # and while they are caught up afterwards.
+    # pusher's own count awaiting PUBACK.  Both must stay within what the
+    # pusher may hand paho (the window on the wire plus as many in paho's
+    # queue), including while 600 notifications pile up in the log during the
+    # outage and while they are caught up afterwards.
     peaks = {"paho": 0, "window": 0, "paho while disconnected": 0}
 
     async def sample() -> None:
@@ -337,8 +338,8 @@ async def test_a_broker_outage_delays_pushes_without_losing_any_or_queueing_in_m
         sampler.cancel()
 
     assert pusher.stats.connections == 2
-    assert 0 < peaks["window"] <= window
-    assert peaks["paho"] <= window
+    assert 0 < peaks["window"] <= 2 * window
+    assert peaks["paho"] <= 2 * window
     assert peaks["paho while disconnected"] == 0
     for c in (C1, C2):
         seqs = subscriber.seqs(c)
@@ -643,18 +644,20 @@ async def test_a_cut_connection_resends_unacknowledged_messages_with_the_same_se
             await async_wait_for(lambda: _cursor_is(sqlite_log, C1, 10))
             await async_wait_for(lambda: pusher.stats.heads == 1)
 
-            # The broker gets 11..30 and delivers them, but no PUBACK comes back.
+            # The broker gets 11..30 (the window on the wire) and delivers them,
+            # but no PUBACK comes back; 31..40 wait in paho's queue behind them.
             relay.hold_replies()
             await append(sqlite_log, C1, 30)
             await async_wait_for(lambda: subscriber.seqs(C1)[-1:] == [30])
-            await async_wait_for(lambda: pusher.in_flight == 20)  # the window is full
-            assert pusher.acked(C1) == 10 and pusher.stats.published == 30
+            await async_wait_for(lambda: pusher.in_flight == 30)  # all handed to paho
+            assert pusher.acked(C1) == 10 and pusher.stats.published == 40
+            assert subscriber.seqs(C1)[-1:] == [30]  # paho kept 31..40 off the wire
 
             relay.cut()
             await async_wait_for(lambda: subscriber.seqs(C1)[-1:] == [40])
             await async_wait_for(lambda: _cursor_is(sqlite_log, C1, 40))
         assert pusher.stats.connections == 2
-        assert pusher.stats.published == 10 + 20 + 30  # 11..30 twice, once unacknowledged
+        assert pusher.stats.published == 10 + 30 + 30  # 11..40 twice, once unacknowledged
     # The contract: in order per connection, duplicates with the same seq, no gap.
     assert subscriber.seqs(C1) == [*range(1, 31), *range(11, 41)]
 

@@ -20,7 +20,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from rsnotify import envelope
+from rsnotify import envelope, outbound
 from rsnotify.collection import collection_id
 from rsnotify.devstack import Redis, async_wait_for
 from rsnotify.envelope import InvalidNotification
@@ -280,11 +280,19 @@ async def test_a_client_that_stops_reading_is_skipped_and_costs_bounded_memory(
 
     A per-client queue without a bound would hold ~66 MB for it; the process
     (gateway, log and client together) may grow by at most 20 MB of RSS.  The
-    gateway's share is the ring of 200 rendered records (~0.7 MB) and a 16 KiB
-    write buffer; the rest is allocator slack from the appends.
+    gateway's share is the ring of 200 rendered records (~0.7 MB), a 16 KiB
+    write buffer and its renderer's memory of recent records (a fixed bound
+    whatever the clients do, here 1 MiB; 16 MiB by default, shared by the
+    publisher's transports); the rest is allocator slack from the appends.
     """
     queue_size, write_limit, total, warm = 200, 16 * 1024, 20_000, 500
-    gateway = await gateways(log, queue_size=queue_size, write_limit=write_limit, heartbeat=0.1)
+    gateway = await gateways(
+        log,
+        queue_size=queue_size,
+        write_limit=write_limit,
+        heartbeat=0.1,
+        renderer=outbound.Renderer("json", None, max_bytes=1024 * 1024),
+    )
     big = lambda seq: make_record(C1, seq, pad=3000)  # noqa: E731
     process = psutil.Process()
     # No client keepalive: its pongs could not get through while it reads nothing.

@@ -33,21 +33,35 @@ from collections.abc import Sequence
 
 from . import LogRecord, NotificationLog, Retention
 
-__all__ = ["DEFAULT_CAPACITY", "TailCache"]
+__all__ = ["DEFAULT_CAPACITY", "DEFAULT_MAX_BYTES", "TailCache"]
 
-DEFAULT_CAPACITY = 10_000  # records per collection (~0.5 KB each)
+DEFAULT_CAPACITY = 100_000  # records per collection (~0.5 KB each)
+# Bytes of record data held over all collections.  A Change List of 50,000
+# entries appearing at once is logged in ~3 s and pushed over ~8 s: the
+# transports must still find the whole burst here (~25 MB), or every read
+# behind the ring's edge is a Redis round trip and a decode (~6% of the
+# publisher's CPU in bench/publish.py with a 10,000-record ring).
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 LOCAL_WAIT = 1.0  # seconds a caught-up wait listens for this process's appends
 
 
 class TailCache(NotificationLog):
     """A :class:`NotificationLog` that remembers what this process appended."""
 
-    def __init__(self, inner: NotificationLog, capacity: int = DEFAULT_CAPACITY) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
+    def __init__(
+        self,
+        inner: NotificationLog,
+        capacity: int = DEFAULT_CAPACITY,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        if capacity < 1 or max_bytes < 1:
+            raise ValueError("capacity and max_bytes must be at least 1")
         self.inner = inner
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.bytes = 0  # record data held, over every ring
         self._rings: dict[str, deque[LogRecord]] = {}
+        self._ring_bytes: dict[str, int] = {}
         self._appended: dict[str, asyncio.Event] = {}
         self.hits = 0  # reads answered from memory (a metric for benchmarks and tests)
 
@@ -91,12 +105,23 @@ class TailCache(NotificationLog):
             if ring is None:
                 ring = self._rings[collection] = deque(maxlen=self.capacity)
             if ring and ring[-1].seq != expected_head:
-                ring.clear()  # someone else appended in between: keep the ring dense
+                self._forget_before(collection, ring[-1].seq + 1)  # keep the ring dense
             first = head - len(payloads) + 1
+            keep = payloads[-self.capacity :]  # a batch bigger than the ring: its end
+            first += len(payloads) - len(keep)
+            # Make room first: a full deque would drop from the left, unaccounted.
+            if ring:
+                overflow = len(ring) + len(keep) - self.capacity
+                self._forget_before(collection, ring[0].seq + max(0, overflow))
             ring.extend(
                 LogRecord(seq=first + i, data=data, logged_ms=logged_ms)
-                for i, data in enumerate(payloads)
+                for i, data in enumerate(keep)
             )
+            added = sum(len(data) for data in keep)
+            self._ring_bytes[collection] = self._ring_bytes.get(collection, 0) + added
+            self.bytes += added
+            if self.bytes > self.max_bytes:
+                self._shed()
         if max_len is not None:
             self._forget_before(collection, head - max_len + 1)
         if payloads:
@@ -106,10 +131,28 @@ class TailCache(NotificationLog):
         return head
 
     def _forget_before(self, collection: str, earliest: int) -> None:
-        """Drop what retention trimmed: a read must not return what the log no longer has."""
+        """Drop records below ``earliest`` (what retention trimmed, or to make room)."""
         ring = self._rings.get(collection)
+        dropped = 0
         while ring and ring[0].seq < earliest:
-            ring.popleft()
+            dropped += len(ring.popleft().data)
+        if dropped:
+            self._ring_bytes[collection] -= dropped
+            self.bytes -= dropped
+
+    def _shed(self) -> None:
+        """Over the byte budget: drop the oldest records of the biggest rings.
+
+        The biggest ring is the one a burst is filling; its oldest records are
+        the ones its readers have most likely passed already.
+        """
+        while self.bytes > self.max_bytes:
+            collection = max(self._ring_bytes, key=self._ring_bytes.__getitem__)
+            ring = self._rings[collection]
+            if not ring:
+                break
+            # A tenth of the ring at a time: shedding is rare, picking is O(rings).
+            self._forget_before(collection, ring[0].seq + max(1, len(ring) // 10))
 
     async def read(self, collection: str, after: int, limit: int = 1000) -> list[LogRecord]:
         cached = self._cached(collection, after, limit)
@@ -167,4 +210,6 @@ class TailCache(NotificationLog):
 
     async def close(self) -> None:
         self._rings.clear()
+        self._ring_bytes.clear()
+        self.bytes = 0
         await self.inner.close()

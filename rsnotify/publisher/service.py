@@ -38,7 +38,7 @@ from ..log import Fenced, LogConflict, LogUnavailable, NotificationLog, Retentio
 from ..log.tail_cache import TailCache
 from ..metrics import PublisherMetrics, metrics_app, serve
 from ..model import Capability
-from ..outbound import Signer
+from ..outbound import Renderer, Signer
 from ..report import PublisherReporter
 from ..tracker import Checkpoint, Detection
 from . import fswatch
@@ -104,9 +104,12 @@ class Publisher:
     def __init__(self, config: PublisherConfig) -> None:
         self.config = config
         self.metrics = PublisherMetrics()
+        self._published_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.log: NotificationLog | None = None
         self.collections: dict[str, _Collection] = {}
         self.signer = Signer(config.secret_id, config.secret) if config.secret else None
+        # One rendering per record for every transport of this process.
+        self.renderer = Renderer(config.fmt, self.signer)
         self._fetcher: Fetcher | None = None
         self._access: DocumentAccess | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -285,6 +288,7 @@ class Publisher:
                 tls_ca=config.mqtt_tls_ca,
                 tls_insecure=config.mqtt_tls_insecure,
                 on_published=self._on_mqtt_published,
+                renderer=self.renderer,
             )
             for collection in self.collections:
                 self._mqtt.add_collection(collection)
@@ -312,6 +316,7 @@ class Publisher:
                 server_id=config.publisher_id,
                 on_client_change=self.metrics.ws_clients.set,
                 on_published=self._on_ws_published,
+                renderer=self.renderer,
             )
             await self._ws.start()
             self.ws_port = self._ws.port
@@ -409,13 +414,27 @@ class Publisher:
             os.replace(temp, path)
             log.info("added %d hub link(s) to %s", len(new), path)
 
+    def _published_metrics(self, collection: str, transport: str) -> tuple[Any, Any]:
+        # Called for every acknowledged notification: resolve the labelled
+        # children once (labels() takes a lock and builds a key each time).
+        key = (collection, transport)
+        children = self._published_children.get(key)
+        if children is None:
+            children = self._published_children[key] = (
+                self.metrics.published.labels(collection, transport),
+                self.metrics.publish_latency.labels(collection, transport),
+            )
+        return children
+
     def _on_mqtt_published(self, collection: str, seq: int, size: int, latency: float) -> None:
-        self.metrics.published.labels(collection, "mqtt").inc()
-        self.metrics.publish_latency.labels(collection, "mqtt").observe(latency)
+        counter, histogram = self._published_metrics(collection, "mqtt")
+        counter.inc()
+        histogram.observe(latency)
 
     def _on_ws_published(self, collection: str, seq: int, size: int, latency: float) -> None:
-        self.metrics.published.labels(collection, "ws").inc()
-        self.metrics.publish_latency.labels(collection, "ws").observe(latency)
+        counter, histogram = self._published_metrics(collection, "ws")
+        counter.inc()
+        histogram.observe(latency)
 
     def _start_fs_watch(self) -> None:
         """Poll a collection as soon as one of its Change List documents is written."""

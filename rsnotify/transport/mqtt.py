@@ -13,7 +13,10 @@ to the asyncio loop with ``call_soon_threadsafe``.  All bookkeeping (window,
 acks, cursors, reconnects) happens on the asyncio side, so it needs no locks.
 
 Delivery.  At most ``window`` messages (notifications and heads together) are
-awaiting a PUBACK.  The durable cursor (``log.cursor(c, "mqtt")``) moves to the
+awaiting a PUBACK on the wire, and at most as many again wait in paho's own
+queue, which paho's thread sends as soon as a PUBACK frees a slot (PUBACKs
+reach the asyncio loop in batches, so the pipe never idles waiting for it).
+The durable cursor (``log.cursor(c, "mqtt")``) moves to the
 highest seq such that every seq up to it has been PUBACKed; acks may be
 booked out of order.  The cursor write is batched (every
 ``cursor_interval`` seconds): it only bounds how much is resent after a crash.
@@ -28,8 +31,8 @@ bound while the broker is away.  Instead nothing is published while
 disconnected, and after a reconnect publishing restarts at ``acked + 1``.  A
 subscriber may therefore see ``5, 6, 7, 5, 6, 7, 8``: in order per
 connection, duplicates allowed (subscribers deduplicate by seq), never a gap.
-paho's own queue is capped at ``window`` (``max_queued_messages_set``) as a
-second fence.
+paho's own queue is capped at ``2 * window`` (``max_queued_messages_set``) as
+a second fence.
 
 Reconnects back off exponentially with jitter (``reconnect_min`` doubling to
 ``reconnect_max``, each delay drawn from [d/2, d]); the broker being down at
@@ -46,6 +49,7 @@ than publish unsigned data that signature-checking Destinations would drop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -208,6 +212,7 @@ class MqttPusher:
         cursor_interval: float = 0.05,
         reconnect_min: float = 0.25,
         reconnect_max: float = 30.0,
+        renderer: outbound.Renderer | None = None,
     ) -> None:
         self.broker: BrokerURL = parse_broker_url(url)
         if self.broker.topic:
@@ -236,6 +241,10 @@ class MqttPusher:
         self.topic_prefix = prefix
         self.fmt = fmt
         self.signer = signer
+        # Shared with the publisher's other transports when it passes one.
+        self.renderer = renderer or outbound.Renderer(fmt, signer)
+        if (self.renderer.fmt, self.renderer.signer) != (fmt, signer):
+            raise TransportError("the renderer must use the pusher's format and signer")
         self.heartbeat = heartbeat
         # <= 23 characters: the limit every MQTT 3.1.1 broker must accept.
         self.client_id = client_id or f"rsnotify-{uuid.uuid4().hex[:12]}"
@@ -258,6 +267,12 @@ class MqttPusher:
         self._epoch = 0  # bumped on every connect and disconnect
         self._connected = False
         self._window: dict[int, _Sent] = {}  # paho message id -> what it carries
+        # Handed to paho and not yet PUBACKed: ``window`` on the wire plus as
+        # many in paho's own queue, which it sends from its thread the moment
+        # an ack frees a slot, without waiting for this loop to come round.
+        self._handed_max = 2 * window
+        self._acks: collections.deque[tuple[int, int, ReasonCode]] = collections.deque()
+        self._acks_scheduled = False
         self._heads_wanted = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pulse = _Pulse()
@@ -420,7 +435,8 @@ class MqttPusher:
             reconnect_on_failure=False,  # we reconnect, with jitter, on a fresh client
         )
         client.max_inflight_messages_set(self.window)
-        client.max_queued_messages_set(self.window)
+        # paho counts in-flight messages in its queue cap too.
+        client.max_queued_messages_set(self._handed_max)
         if self.broker.username is not None:
             client.username_pw_set(self.broker.username, self.broker.password)
         if self._tls is not None:
@@ -434,7 +450,15 @@ class MqttPusher:
             self._post(self._on_connection_event, conn, "disconnect", reason)
 
         def on_publish(_c: mqtt.Client, _u: Any, mid: int, reason: ReasonCode, _p: Any) -> None:
-            self._post(self._on_ack, conn, mid, reason)
+            # PUBACKs arrive thousands a second: queue them and wake the loop
+            # once per burst, not once per ack (call_soon_threadsafe writes the
+            # loop's self-pipe each time).  The flag is cleared by the drain
+            # *before* it empties the queue, so an ack appended meanwhile either
+            # is drained by it or schedules another drain: none is stranded.
+            self._acks.append((conn, mid, reason))
+            if not self._acks_scheduled:
+                self._acks_scheduled = True
+                self._post(self._drain_acks)
 
         client.on_connect = on_connect
         client.on_disconnect = on_disconnect
@@ -450,18 +474,28 @@ class MqttPusher:
             self._set_disconnected()
         self._events.put_nowait((conn, kind, reason))
 
-    def _on_ack(self, conn: int, mid: int, reason: ReasonCode) -> None:
+    def _drain_acks(self) -> None:
+        self._acks_scheduled = False
+        acks = self._acks
+        fired = False
+        while acks:
+            conn, mid, reason = acks.popleft()
+            if self._on_ack(conn, mid, reason) and not fired:
+                self._pulse.fire()
+                fired = True
+
+    def _on_ack(self, conn: int, mid: int, reason: ReasonCode) -> bool:
+        """Book one PUBACK; True if it freed a window slot."""
         if conn != self._conn or not self._connected:
-            return  # an older connection: its lanes were rewound, the message will be resent
+            return False  # an older connection: its lanes were rewound, it will be resent
         sent = self._window.pop(mid, None)
         if sent is None:
-            return
-        self._pulse.fire()
+            return False
         lane = sent.lane
         if lane is None:
             if not reason.is_failure:
                 self.stats.heads += 1
-            return
+            return True
         if reason.is_failure:
             # The seq stays in ``inflight`` so the cursor cannot pass it; the lane
             # pauses and resends from its cursor (see _lane_loop).
@@ -474,7 +508,7 @@ class MqttPusher:
                     reason.getName(),
                 )
             lane.refused = True
-            return
+            return True
         lane.inflight.discard(sent.seq)
         lane.refusals = 0
         self.stats.acked += 1
@@ -484,6 +518,7 @@ class MqttPusher:
                 self.on_published(lane.collection, sent.seq, sent.size, latency)
             except Exception:
                 logger.exception("on_published callback failed")
+        return True
 
     def _set_connected(self) -> None:
         self._window.clear()
@@ -662,7 +697,7 @@ class MqttPusher:
         while True:
             if not self._can_publish(epoch) or (lane is not None and lane.refused):
                 return False
-            if len(self._window) < self.window:
+            if len(self._window) < self._handed_max:
                 return True
             await self._pulse.wait()
 
@@ -683,7 +718,7 @@ class MqttPusher:
 
     def _publish_record(self, lane: _Lane, record: LogRecord) -> bool:
         try:
-            rendered = outbound.render(record, fmt=self.fmt, signer=self.signer)
+            rendered = self.renderer.render(lane.collection, record)
         except (ValueError, RsNotifyError) as exc:
             # A record we cannot render will never render: skip it rather than
             # stall the collection (Destinations catch up from the Change List).
@@ -733,7 +768,7 @@ class MqttPusher:
             after = lane.sent_through
             try:
                 batch = await self.log.wait(
-                    lane.collection, after, timeout=LOG_WAIT_S, limit=self.window
+                    lane.collection, after, timeout=LOG_WAIT_S, limit=self._handed_max
                 )
             except LogUnavailable as exc:
                 logger.warning("MQTT: cannot read the log of %s: %s", lane.collection, exc)
@@ -752,7 +787,12 @@ class MqttPusher:
                 self.stats.skipped += batch[0].seq - 1 - after
                 lane.sent_through = batch[0].seq - 1
             for record in batch:
-                if not await self._wait_room(epoch, lane):
+                # The window almost always has room during a burst: test it
+                # inline and only await (a coroutine per record) when it is full.
+                if len(self._window) >= self._handed_max or not self._can_publish(epoch):
+                    if not await self._wait_room(epoch, lane):
+                        break
+                elif lane.refused:
                     break
                 if not self._publish_record(lane, record):
                     await self._pulse.wait(0.05)  # paho refused it: the connection is going

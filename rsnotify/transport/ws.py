@@ -51,7 +51,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import os
 import random
@@ -63,6 +62,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
+import orjson
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
@@ -181,6 +181,7 @@ class WebSocketGateway:
         refresh_interval: float = 10.0,
         pace_grace: float = PACE_GRACE,
         ssl_context: ssl.SSLContext | None = None,
+        renderer: outbound.Renderer | None = None,
     ) -> None:
         if fmt not in wsproto.FORMATS:
             raise ValueError(f"unknown notification format {fmt!r}")
@@ -200,6 +201,10 @@ class WebSocketGateway:
         self.write_limit = write_limit
         self.server_id = server_id or f"{socket.gethostname()}:{os.getpid()}"
         self._signer = signer
+        # Shared with the publisher's other transports when it passes one.
+        self._renderer = renderer or outbound.Renderer(fmt, signer)
+        if (self._renderer.fmt, self._renderer.signer) != (fmt, signer):
+            raise ValueError("the renderer must use the gateway's format and signer")
         self._token = token
         self._ping_interval = ping_interval
         self._ping_timeout = ping_timeout
@@ -571,11 +576,11 @@ class WebSocketGateway:
 
     def _render(self, collection: str, record: LogRecord, read_at: float = 0.0) -> _Item:
         try:
-            obj: Any = json.loads(record.data)
+            obj: Any = orjson.loads(record.data)
             loc, change = obj["loc"], obj["change"]
             if not isinstance(loc, str) or not isinstance(change, str):
                 raise TypeError("loc and change must be strings")
-            rendered = outbound.render(record, fmt=self.fmt, signer=self._signer)
+            rendered = self._renderer.render(collection, record)
         except (ValueError, KeyError, TypeError, RsNotifyError) as exc:
             logger.error(
                 "%s: log record %d cannot be rendered (%s); clients are told it was skipped",

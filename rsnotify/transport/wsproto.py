@@ -95,6 +95,8 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
+import orjson
+
 from .. import outbound, w3cdt
 from ..collection import is_valid_collection_id
 from ..envelope import MAX_URI_CHARS, InvalidNotification
@@ -253,7 +255,7 @@ def parse_subscribe(data: str | bytes) -> Subscription:
     if len(data) > MAX_CLIENT_FRAME_BYTES:
         raise InvalidSubscription("bad_request", "subscribe frame too large")
     try:
-        obj = json.loads(data)
+        obj = orjson.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidSubscription("bad_request", "first frame is not JSON") from None
     if not isinstance(obj, dict) or obj.get("type") != "subscribe":
@@ -332,7 +334,7 @@ class SendCursor:
 
 
 def _frame(obj: Mapping[str, Any]) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return orjson.dumps(obj).decode()
 
 
 def hello(
@@ -384,17 +386,23 @@ def notification_tail(fmt: str, payload: bytes, signature: str | None) -> bytes:
     Only ``seq``/``prev`` differ between clients, so the (escaped) payload is
     encoded once and shared by every connection's frame.
     """
-    tail = ',"format":' + json.dumps(fmt) + ',"payload":'
-    tail += json.dumps(payload.decode("utf-8"), ensure_ascii=False)
+    # orjson: escaping the payload into a JSON string is per record, and the
+    # stdlib's json.dumps builds a new encoder per call.
+    tail = b',"format":' + orjson.dumps(fmt) + b',"payload":'
+    tail += orjson.dumps(payload.decode("utf-8"))
     if signature is not None:
-        tail += ',"signature":' + json.dumps(signature)
-    return (tail + "}").encode("utf-8")
+        tail += b',"signature":' + orjson.dumps(signature)
+    return tail + b"}"
 
 
 def notification_frame(collection: str, seq: int, prev: int, tail: bytes) -> bytes:
     """A whole notification frame (UTF-8, to be sent as a text frame)."""
-    head = f'{{"type":"notification","collection":{json.dumps(collection)},"seq":{seq:d}'
-    return (head + f',"prev":{prev:d}').encode("ascii") + tail
+    return b'{"type":"notification","collection":%s,"seq":%d,"prev":%d%s' % (
+        orjson.dumps(collection),
+        seq,
+        prev,
+        tail,
+    )
 
 
 # --- what a client receives ------------------------------------------------------
@@ -569,7 +577,7 @@ def parse_frame(data: str | bytes, *, max_bytes: int = MAX_FRAME_BYTES) -> Frame
     if len(data) > max_bytes:
         raise _bad(f"{len(data)} bytes exceeds {max_bytes}")
     try:
-        obj = json.loads(data)
+        obj = orjson.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise _bad("not JSON") from None
     if not isinstance(obj, dict):
