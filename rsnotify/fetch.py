@@ -348,9 +348,43 @@ class FetchStream:
             self._response.close()
             raise _translate(url, exc) from exc
 
+    @property
+    def length(self) -> int | None:
+        """The body's length in bytes when the response declares it exactly, else None.
+
+        Declared means a ``Content-Length`` on an identity-encoded body: with a
+        ``Content-Encoding`` aiohttp decodes, and the header counts the
+        encoded bytes, not what :meth:`read` returns.
+        """
+        response = self._response
+        if response is None:
+            return 0
+        if "content-encoding" in self.result.headers:
+            return None
+        return response.content_length
+
     async def read(self) -> bytes:
-        """The whole (limited) body."""
-        return b"".join([chunk async for chunk in self])
+        """The whole (limited) body.
+
+        A body of declared :attr:`length` within the limit is read with one
+        call (what a small resource costs is then mostly this call, not a
+        chunk loop); anything else is read chunk by chunk, the limit enforced
+        as chunks arrive.
+        """
+        response = self._response
+        declared = self.length
+        if response is None or declared is None or declared > self._max_bytes:
+            return b"".join([chunk async for chunk in self])
+        try:
+            body = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            response.close()
+            raise _translate(self.result.url, exc) from exc
+        self.received = len(body)
+        if self.received > self._max_bytes:  # aiohttp stops at Content-Length; belt and braces
+            response.close()
+            raise ResponseTooLarge(self.result.url, self._max_bytes)
+        return body
 
 
 def _translate(url: str, exc: BaseException, timeout: float | None = None) -> FetchError:
@@ -370,6 +404,14 @@ def _translate(url: str, exc: BaseException, timeout: float | None = None) -> Fe
 
 
 # --- the client -----------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def _client_timeout(timeout: float) -> aiohttp.ClientTimeout:
+    """Per-hop timeouts of :meth:`Fetcher.stream`, made once per value (they are immutable)."""
+    return aiohttp.ClientTimeout(
+        total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
+    )
 
 
 class Fetcher:
@@ -505,9 +547,7 @@ class Fetcher:
             headers["Range"] = f"bytes={range_start}-"
             # Byte offsets are only meaningful on the unencoded representation.
             headers["Accept-Encoding"] = "identity"
-        client_timeout = aiohttp.ClientTimeout(
-            total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
-        )
+        client_timeout = _client_timeout(timeout)
         session = self._ensure_session()
         current = url
         response: aiohttp.ClientResponse | None = None

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from urllib.parse import quote, unquote_to_bytes, urlsplit
@@ -515,4 +516,311 @@ def test_cleanup_temp_only_removes_temp_files(tmp_path: Path) -> None:
     (mirror.root / f"{TEMP_PREFIX}root").write_bytes(b"junk")
     assert mirror.cleanup_temp() == 2
     assert keep.read_bytes() == b"resource"
+    assert temp_files(mirror.root) == []
+
+
+# --- in-memory writes (write_bytes) ------------------------------------------------
+
+
+async def test_write_bytes_verifies_before_touching_the_file(tmp_path: Path) -> None:
+    """The one-job path keeps every rule of write_atomic: fixity first, atomic, no temp."""
+    mirror = Mirror(tmp_path / "m")
+    path = mirror.path_for("http://s/dir/ü file.txt")
+    written = await mirror.write_bytes(path, b"old")
+    assert path.read_bytes() == b"old"
+    assert written == (3, {"md5": hashlib.md5(b"old").hexdigest(),
+                           "sha-256": hashlib.sha256(b"old").hexdigest()})  # fmt: skip
+    good = {"sha-256": hashlib.sha256(b"new").hexdigest(), "md5": hashlib.md5(b"new").hexdigest()}
+    with pytest.raises(FixityMismatch) as caught:
+        await mirror.write_bytes(path, b"bad", expected_hashes=good)
+    assert set(caught.value.mismatched) == {"md5", "sha-256"}
+    with pytest.raises(FixityMismatch) as caught:
+        await mirror.write_bytes(path, b"new!", expected_length=3, expected_hashes=good)
+    assert caught.value.length_mismatch and caught.value.length == 4
+    assert path.read_bytes() == b"old"
+    assert temp_files(mirror.root) == []
+    sha1 = hashlib.sha1(b"new").hexdigest()
+    written = await mirror.write_bytes(
+        path, b"new", expected_length=3, expected_hashes={**good, "sha-1": sha1, "whirl": "0"}
+    )
+    assert path.read_bytes() == b"new" and written.digests["sha-1"] == sha1
+    assert temp_files(mirror.root) == []
+
+
+async def test_write_bytes_refuses_symlinks_conflicts_and_outside_paths(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    mirror = Mirror(tmp_path / "m")
+    (mirror.root / "http" / "s").mkdir(parents=True)
+    (mirror.root / "http" / "s" / "docs").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(SymlinkInMirror):
+        await mirror.write_bytes(mirror.path_for("http://s/docs/x.txt"), b"pwned")
+    assert list(outside.iterdir()) == []
+    await mirror.write_bytes(mirror.path_for("http://s/a"), b"file")
+    with pytest.raises(PathConflict):
+        await mirror.write_bytes(mirror.path_for("http://s/a/b"), b"x")
+    await mirror.write_bytes(mirror.path_for("http://s/d/e"), b"x")
+    with pytest.raises(PathConflict):
+        await mirror.write_bytes(mirror.path_for("http://s/d"), b"x")
+    with pytest.raises(UnsafePath):
+        await mirror.write_bytes(tmp_path / "elsewhere", b"x")
+    assert mirror.path_for("http://s/a").read_bytes() == b"file"
+    assert temp_files(mirror.root) == []
+
+
+async def test_write_bytes_finishes_when_its_caller_is_cancelled(tmp_path: Path) -> None:
+    """Once handed to the worker the write completes; settle() waits for it."""
+    mirror = Mirror(tmp_path)
+    path = mirror.path_for("http://s/c")
+    task = asyncio.create_task(mirror.write_bytes(path, b"data"))
+    await asyncio.sleep(0)  # let the task submit its job
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await mirror.settle()
+    assert path.read_bytes() == b"data"
+    assert temp_files(mirror.root) == []
+
+
+async def test_many_concurrent_writes_into_one_directory(tmp_path: Path) -> None:
+    """Directory fsyncs are shared between concurrent renames; every file still lands."""
+    mirror = Mirror(tmp_path)
+    bodies = {f"http://s/res/r{i}": os.urandom(100 + i) for i in range(200)}
+    await asyncio.gather(
+        *(mirror.write_bytes(mirror.path_for(loc), body) for loc, body in bodies.items()),
+        *(mirror.write_atomic(mirror.path_for(loc + "s"), chunks_of([body]))
+          for loc, body in bodies.items()),
+    )  # fmt: skip
+    for loc, body in bodies.items():
+        assert mirror.path_for(loc).read_bytes() == body
+        assert mirror.path_for(loc + "s").read_bytes() == body
+    assert temp_files(mirror.root) == []
+
+
+class _CountingCondition(threading.Condition):
+    """A Condition that counts the threads waiting on it (to know they are parked)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting += 1  # called with the lock held
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting -= 1
+
+
+def _parked_syncer(
+    monkeypatch: pytest.MonkeyPatch, fail: set[int]
+) -> tuple[object, threading.Event, list[tuple[int, float, float]]]:
+    """A _DirSyncer whose fsync #1 blocks until released and #n in ``fail`` raises."""
+    from rsnotify.subscriber import mirror as module
+
+    syncer = module._DirSyncer()
+    syncer._cond = _CountingCondition()  # type: ignore[assignment]
+    release = threading.Event()
+    fsyncs: list[tuple[int, float, float]] = []  # (number, started, finished), monotonic
+    real_fsync = os.fsync
+    lock = threading.Lock()
+
+    def fake_fsync(fd: int) -> None:
+        with lock:
+            number = len(fsyncs) + 1
+            fsyncs.append((number, 0.0, 0.0))
+        started = time.monotonic()
+        if number == 1:
+            assert release.wait(30)
+        real_fsync(fd)
+        fsyncs[number - 1] = (number, started, time.monotonic())
+        if number in fail:
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(module.os, "fsync", fake_fsync)
+    return syncer, release, fsyncs
+
+
+def test_directory_fsyncs_are_group_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Callers arriving while an fsync runs share the next one, which starts after them."""
+
+    from rsnotify.devstack import wait_for
+
+    syncer, release, fsyncs = _parked_syncer(monkeypatch, fail=set())
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    calls: dict[str, tuple[float, float]] = {}
+
+    def call(name: str) -> None:
+        entered = time.monotonic()
+        syncer.sync(fd)  # type: ignore[attr-defined]
+        calls[name] = (entered, time.monotonic())
+
+    try:
+        first = threading.Thread(target=call, args=("first",))
+        first.start()
+        wait_for(lambda: len(fsyncs) == 1, timeout=10)  # fsync #1 runs (parked)
+        others = [threading.Thread(target=call, args=(f"t{i}",)) for i in range(6)]
+        for thread in others:
+            thread.start()
+        wait_for(lambda: syncer._cond.waiting == 6, timeout=10)  # type: ignore[attr-defined]
+        release.set()
+        for thread in [first, *others]:
+            thread.join(30)
+    finally:
+        release.set()
+        os.close(fd)
+    assert len(fsyncs) == 2  # seven callers, two fsyncs
+    for name, (entered, returned) in calls.items():
+        # Some fsync that began after the caller arrived ended before it returned.
+        assert any(entered <= s and f <= returned for _, s, f in fsyncs), name
+    assert len(calls) == 7
+
+
+def test_a_failed_shared_directory_fsync_fails_every_caller_it_covered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rsnotify.devstack import wait_for
+
+    syncer, release, fsyncs = _parked_syncer(monkeypatch, fail={2})
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    errors: dict[str, BaseException | None] = {}
+
+    def call(name: str) -> None:
+        try:
+            syncer.sync(fd)  # type: ignore[attr-defined]
+            errors[name] = None
+        except OSError as exc:
+            errors[name] = exc
+
+    try:
+        first = threading.Thread(target=call, args=("first",))
+        first.start()
+        wait_for(lambda: len(fsyncs) == 1, timeout=10)
+        others = [threading.Thread(target=call, args=(f"t{i}",)) for i in range(4)]
+        for thread in others:
+            thread.start()
+        wait_for(lambda: syncer._cond.waiting == 4, timeout=10)  # type: ignore[attr-defined]
+        release.set()
+        for thread in [first, *others]:
+            thread.join(30)
+        assert errors.pop("first") is None  # its fsync (#1) succeeded
+        assert len(errors) == 4 and all(isinstance(e, OSError) for e in errors.values())
+        syncer.sync(fd)  # type: ignore[attr-defined]  # a later caller gets a fresh fsync (#3)
+        assert len(fsyncs) == 3
+    finally:
+        release.set()
+        os.close(fd)
+
+
+async def test_a_batch_fails_only_its_bad_writes(tmp_path: Path) -> None:
+    """Writes queued together share a batch; a mismatch or conflict fails only itself."""
+    mirror = Mirror(tmp_path)
+    await mirror.write_bytes(mirror.path_for("http://s/d/e"), b"x")  # d is a directory
+    good = {f"http://s/res/r{i}": f"body {i}".encode() for i in range(20)}
+    wrong = {"md5": hashlib.md5(b"something else").hexdigest()}
+    outcomes = await asyncio.gather(
+        *(mirror.write_bytes(mirror.path_for(loc), body) for loc, body in good.items()),
+        mirror.write_bytes(mirror.path_for("http://s/res/bad"), b"bad", expected_hashes=wrong),
+        mirror.write_bytes(mirror.path_for("http://s/d"), b"conflict"),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[-2], FixityMismatch)
+    assert isinstance(outcomes[-1], PathConflict)
+    for (loc, body), written in zip(good.items(), outcomes, strict=False):
+        assert written == (len(body), {"md5": hashlib.md5(body).hexdigest(),
+                                       "sha-256": hashlib.sha256(body).hexdigest()})  # fmt: skip
+        assert mirror.path_for(loc).read_bytes() == body
+    assert not mirror.path_for("http://s/res/bad").exists()
+    assert temp_files(mirror.root) == []
+
+
+async def test_a_batched_write_returns_only_once_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per file: fsync of the bytes, then rename, then a directory fsync, then "written".
+
+    The caller (the applier) records a change as applied only after write_bytes
+    returns, so this order is what makes a batched apply crash-safe.
+    """
+    from rsnotify.subscriber import mirror as module
+
+    trace: list[tuple[str, object]] = []
+    lock = threading.Lock()
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        info = os.fstat(fd)
+        with lock:
+            trace.append(("fsync", (info.st_dev, info.st_ino)))
+
+    def replace(src: str, dst: str, **kwargs: int) -> None:
+        real_replace(src, dst, **kwargs)
+        info = os.stat(dst, dir_fd=kwargs["dst_dir_fd"])
+        with lock:
+            trace.append(("rename", (info.st_dev, info.st_ino)))
+
+    monkeypatch.setattr(module.os, "fsync", fsync)
+    monkeypatch.setattr(module.os, "replace", replace)
+    mirror = Mirror(tmp_path)
+    locs = [f"http://s/res/r{i}" for i in range(30)]
+    returned: dict[str, int] = {}
+
+    async def write(loc: str) -> None:
+        await mirror.write_bytes(mirror.path_for(loc), loc.encode())
+        with lock:
+            returned[loc] = len(trace)  # how much had happened when the caller heard
+
+    await asyncio.gather(*(write(loc) for loc in locs))
+    directory = os.stat(mirror.path_for(locs[0]).parent)
+    dir_key = (directory.st_dev, directory.st_ino)
+    assert len([e for e in trace if e == ("fsync", dir_key)]) < len(locs)  # shared
+    for loc in locs:
+        info = os.stat(mirror.path_for(loc))
+        inode = (info.st_dev, info.st_ino)
+        synced = trace.index(("fsync", inode))
+        renamed = trace.index(("rename", inode))
+        dir_synced = next(
+            i for i, event in enumerate(trace) if i > renamed and event == ("fsync", dir_key)
+        )
+        assert synced < renamed < dir_synced < returned[loc], loc
+
+
+async def test_deletes_share_batches_with_writes(tmp_path: Path) -> None:
+    """Deletes queued beside writes: each reports as before, and queue order holds per path."""
+    mirror = Mirror(tmp_path)
+    for name in ("old", "both"):
+        await mirror.write_bytes(mirror.path_for(f"http://s/r/{name}"), b"x")
+    await mirror.write_bytes(mirror.path_for("http://s/r/dir/inner"), b"x")
+    results = await asyncio.gather(
+        mirror.write_bytes(mirror.path_for("http://s/r/new"), b"new"),
+        mirror.delete(mirror.path_for("http://s/r/old")),
+        mirror.delete(mirror.path_for("http://s/r/missing")),
+        mirror.delete(mirror.path_for("http://s/nodir/missing")),
+        mirror.delete(mirror.path_for("http://s/r/dir")),
+        mirror.delete(mirror.path_for("http://s/r/both")),
+        mirror.write_bytes(mirror.path_for("http://s/r/both"), b"again"),
+    )
+    assert results[1:6] == [True, False, False, False, True]
+    assert mirror.path_for("http://s/r/new").read_bytes() == b"new"
+    assert not mirror.path_for("http://s/r/old").exists()
+    assert mirror.path_for("http://s/r/dir/inner").read_bytes() == b"x"  # a directory: kept
+    assert mirror.path_for("http://s/r/both").read_bytes() == b"again"  # delete, then write
+    assert temp_files(mirror.root) == []
+
+
+async def test_writes_of_one_path_keep_their_order_across_batches(tmp_path: Path) -> None:
+    """Batches run concurrently, but a path in flight holds back its later writes."""
+    mirror = Mirror(tmp_path)
+    path = mirror.path_for("http://s/r/hot")
+    others = [mirror.write_bytes(mirror.path_for(f"http://s/r/o{i}"), b"o") for i in range(40)]
+    hot = [mirror.write_bytes(path, f"v{i}".encode()) for i in range(12)]
+    gone = mirror.delete(path)
+    last = mirror.write_bytes(path, b"last")
+    mixed = [x for pair in zip(others, [*hot, gone, last], strict=False) for x in pair]
+    results = await asyncio.gather(*mixed, *others[len(hot) + 2 :])
+    assert path.read_bytes() == b"last"
+    assert True in results  # the delete found v11 there
     assert temp_files(mirror.root) == []

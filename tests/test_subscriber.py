@@ -62,12 +62,21 @@ def differences(state: dict[str, Any], mirror: Path) -> list[str]:
     found = {p for p in mirror.rglob("*") if p.is_file() and not p.name.startswith(TEMP_PREFIX)}
     out = [f"missing {p}" for p in expected.keys() - found]
     out += [f"extra {p}" for p in found - expected.keys()]
-    out += [
-        f"differs {p}"
-        for p in found & expected.keys()
-        if hashlib.sha256(p.read_bytes()).hexdigest() != expected[p]
-    ]
+    out += [f"differs {p}" for p in found & expected.keys() if _sha256(p) != expected[p]]
     return out
+
+
+def _sha256(path: Path) -> str | None:
+    """The file's sha-256, or None if it vanished since it was listed.
+
+    The subscriber applies changes (deletes too) in its own threads while a
+    test compares the live mirror: a file deleted by a change that a later
+    one re-creates is briefly absent, which is "not converged yet".
+    """
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
 
 
 async def converged(http: aiohttp.ClientSession, base: str, *mirrors: Path) -> bool:

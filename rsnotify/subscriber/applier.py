@@ -13,8 +13,11 @@ catching up) becomes bytes on the Destination's disk.  Its guarantees:
   second must not be dropped.
 * **Per-resource order.**  :meth:`Applier.submit` chains the changes of one
   ``loc`` so they run strictly in submission order; different resources run
-  concurrently, at most ``concurrency`` transfers (fetch and write, or delete)
-  at a time.  A change waiting out a retry backoff holds no slot.
+  concurrently, at most ``concurrency`` transfers (fetch, or fetch and write
+  for a large or unsized resource, or delete) at a time.  A small resource's
+  bytes then wait, outside the slot, for the mirror's next batched write
+  (at most ``HELD_BODIES`` of them).  A change waiting out a retry backoff
+  holds no slot.
 * **Nothing unverified replaces anything.**  Bytes are streamed to a temp file
   and hashed as they arrive; advertised length and hashes are checked before
   the rename (see :mod:`.mirror`).  A mismatch is retried with backoff and
@@ -65,6 +68,11 @@ log = logging.getLogger("rsnotify.subscribe")
 
 DEFAULT_MAX_RESOURCE_BYTES = 1 << 30
 RECORD_BATCH = 2_000  # metadata-only changes recorded per transaction
+# Bodies of declared length up to this are read whole and handed to the
+# mirror's batched writer (Mirror.write_bytes); larger or unsized ones stream
+# to disk.  At most HELD_BODIES such bodies wait in memory for the disk.
+IN_MEMORY_BYTES = 256 << 10
+HELD_BODIES = 256
 _RETRYABLE_STATUS = frozenset({408, 425, 429})
 _GONE_STATUS = frozenset({404, 410})
 
@@ -251,6 +259,7 @@ class Applier:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self._semaphore = asyncio.Semaphore(concurrency)
+        self._held = asyncio.Semaphore(max(HELD_BODIES, concurrency))
         self._tails: dict[str, asyncio.Task[Outcome]] = {}
         self._queued: dict[str, list[datetime]] = {}  # loc -> datetimes submitted
         self._pending: set[asyncio.Future[Outcome]] = set()
@@ -621,18 +630,31 @@ class Applier:
 
     async def _fetch_one(self, url: str, view: _Change, path: Path) -> Written:
         limit = view.length if view.length is not None else self.max_resource_bytes
-        # Only transfers hold a slot: a change waiting out a backoff does not.
-        async with (
-            self._semaphore,
-            self.fetcher.stream(
-                url,
-                max_bytes=limit,
-                timeout=self.timeout,
-                allowed_origins=self.allowed_origins,
-            ) as stream,
-        ):
-            return await self.mirror.write_atomic(
-                path, stream, expected_length=view.length, expected_hashes=view.hashes
+        async with self._held:
+            # Only transfers hold a slot: a change waiting out a backoff does not.
+            async with (
+                self._semaphore,
+                self.fetcher.stream(
+                    url,
+                    max_bytes=limit,
+                    timeout=self.timeout,
+                    allowed_origins=self.allowed_origins,
+                ) as stream,
+            ):
+                declared = stream.length
+                if declared is None or declared > IN_MEMORY_BYTES:
+                    return await self.mirror.write_atomic(
+                        path, stream, expected_length=view.length, expected_hashes=view.hashes
+                    )
+                data = await stream.read()
+            # Small and of known size (nearly every resource): the transfer is
+            # over, so its slot goes to the next fetch while these bytes wait
+            # for the mirror's next write batch (verify, write, fsync, rename:
+            # one round of fsyncs for every write queued meanwhile).  Holding
+            # the slot instead capped the rate at ``concurrency`` writes per
+            # round of fsyncs.
+            return await self.mirror.write_bytes(
+                path, data, expected_length=view.length, expected_hashes=view.hashes
             )
 
     @staticmethod
