@@ -58,6 +58,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
+from .cancellation import raise_if_cancelled
 from .errors import RsNotifyError
 
 log = logging.getLogger("rsnotify.report")
@@ -95,19 +96,6 @@ def check_url(url: str) -> str:
             f"{url!r}: a telemetry target must be a redis://, rediss:// or unix:// URL"
         )
     return url
-
-
-def raise_if_cancelled() -> None:
-    """Honour a cancellation that an awaited redis-py call swallowed.
-
-    redis-py's asyncio client can absorb the ``CancelledError`` thrown into a
-    command in flight and return normally (seen with redis 8.1 pipelines), so a
-    loop that awaits Redis would keep running after ``task.cancel()``.  The
-    task still counts the request (``Task.cancelling()``): loops check it.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 def url_argument(text: str) -> str:

@@ -33,6 +33,7 @@ from redis.exceptions import RedisError
 
 from .. import w3cdt
 from ..backoff import Backoff
+from ..cancellation import raise_if_cancelled
 from ..errors import RsNotifyError
 from ..log.redis_log import COLLECTIONS_KEY
 from ..report import (
@@ -42,7 +43,6 @@ from ..report import (
     SUBSCRIBERS_KEY,
     LatencySample,
     publisher_key,
-    raise_if_cancelled,
     subscriber_key,
 )
 from .state import DashboardState, LogIndex

@@ -34,7 +34,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from ..report import raise_if_cancelled
+from ..cancellation import raise_if_cancelled
 from .collector import Collector
 from .metrics import DashboardMetrics
 from .state import DashboardState

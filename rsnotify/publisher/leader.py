@@ -25,6 +25,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..cancellation import raise_if_cancelled
+
 log = logging.getLogger("rsnotify.publish")
 
 # KEYS: lease.  ARGV: owner value, ttl ms.  Renew only if we still hold it.
@@ -108,13 +110,9 @@ class LeaderElection:
     ) -> None:
         """Campaign until elected, hold the lease, call back on every change; until stopping."""
         renew_every = self.ttl / 3
-        me = asyncio.current_task()
         while not stopping.is_set():
-            if me is not None and me.cancelling():
-                # redis-py (seen with 8.1) can swallow a CancelledError that lands
-                # mid-command.  A cancelled leader that went on renewing would
-                # hold the lease forever, so honour the request here.
-                raise asyncio.CancelledError
+            # A cancelled leader that went on renewing would hold the lease forever.
+            raise_if_cancelled()
             try:
                 if self.leadership is None:
                     held = await self.try_acquire()

@@ -33,6 +33,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..backoff import Backoff
+from ..cancellation import raise_if_cancelled
 from ..errors import RsNotifyError
 from ..tracker import Checkpoint
 from .cursor import Cursor
@@ -89,6 +90,7 @@ class RedisCursorStore:
         backoff = Backoff(initial=0.1, maximum=2.0)
         deadline = time.monotonic() + self.patience
         while True:
+            raise_if_cancelled()
             try:
                 raw = await self._call(self._redis.hget(self._cursors_key, collection))
                 break
@@ -128,6 +130,7 @@ class RedisCursorStore:
         )
         backoff = Backoff(initial=0.1, maximum=5.0)
         while True:
+            raise_if_cancelled()
             try:
                 await self._call(self._redis.hset(self._cursors_key, cursor.collection, value))
                 break

@@ -52,6 +52,7 @@ import aiohttp
 from aiohttp import web
 
 from .. import outbound
+from ..cancellation import raise_if_cancelled
 from ..collection import is_valid_collection_id
 from ..errors import RsNotifyError
 from ..log import LogRecord, LogUnavailable, NotificationLog
@@ -442,6 +443,7 @@ class WebSubHub:
 
     async def _reap_loop(self) -> None:
         while True:
+            raise_if_cancelled()
             await asyncio.sleep(REAP_INTERVAL)
             now = time.time()
             for key, s in list(self._subs.items()):
@@ -464,6 +466,7 @@ class WebSubHub:
 
     async def _flush_loop(self) -> None:
         while True:
+            raise_if_cancelled()
             await asyncio.sleep(CURSOR_FLUSH)
             try:
                 await self._flush()
@@ -485,6 +488,7 @@ class WebSubHub:
     async def _tail(self, tailer: _Tailer) -> None:
         delay = 0.1
         while True:
+            raise_if_cancelled()
             try:
                 records = await self.log.wait(
                     tailer.collection, tailer.position, timeout=WAIT_TIMEOUT, limit=TAIL_BATCH
@@ -554,6 +558,7 @@ class WebSubHub:
         sub = s.sub
         topic = self.topic(sub.collection)
         while True:
+            raise_if_cancelled()
             s.wake.clear()
             try:
                 item = await self._next(s, tailer)

@@ -68,6 +68,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from .. import outbound
+from ..cancellation import raise_if_cancelled
 from ..errors import RsNotifyError
 from ..log import LogRecord, LogUnavailable, NotificationLog
 from ..outbound import Signer
@@ -516,6 +517,7 @@ class WebSocketGateway:
         batch = min(TAIL_BATCH, self.queue_size)
         delay = BACKOFF_MIN
         while tailer.clients:
+            raise_if_cancelled()
             await self._make_room(tailer, batch)
             try:
                 records = await self.log.wait(
