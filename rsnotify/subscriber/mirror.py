@@ -438,6 +438,19 @@ class _Staged:
         self.digests = digests
 
 
+def _known_algorithms(
+    algorithms: Iterable[str], expected: Mapping[str, str], path: Path | str
+) -> list[str]:
+    """The hash algorithms to compute (asked for or advertised), unknown ones logged and skipped."""
+    known = []
+    for algo in dict.fromkeys(a.lower() for a in (*algorithms, *expected)):
+        if algo in HASHLIB_NAMES:
+            known.append(algo)
+        else:
+            log.warning("cannot verify unknown hash algorithm %r for %s", algo, path)
+    return known
+
+
 def _fsync_pool() -> ThreadPoolExecutor:
     """Threads for fsync, rename and unlink: their own pool, sized for waiting on disks.
 
@@ -655,35 +668,14 @@ class Mirror:
         """
         names = self._relative(path)
         expected = {k.lower(): v.lower() for k, v in (expected_hashes or {}).items()}
-        wanted = dict.fromkeys(a.lower() for a in (*algorithms, *expected))
-        hashers = {}
-        for algo in wanted:
-            if algo in HASHLIB_NAMES:
-                hashers[algo] = hashlib.new(HASHLIB_NAMES[algo])
-            else:
-                log.warning("cannot verify unknown hash algorithm %r for %s", algo, path)
-        dir_fd, dirty = self._open_dirs(names[:-1], create=True, path=path)
-        assert dir_fd is not None
-        name = names[-1]
-        temp = f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+        hashers = {
+            algo: hashlib.new(HASHLIB_NAMES[algo])
+            for algo in _known_algorithms(algorithms, expected, path)
+        }
         try:
-            with contextlib.suppress(FileNotFoundError):
-                if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-                    raise PathConflict(
-                        f"{path} is a directory (other resources are stored under it)",
-                        path=path,
-                    )
-            fd = os.open(
-                temp,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o644,
-                dir_fd=dir_fd,
-            )
-        except BaseException as exc:
-            _close_all([dir_fd, *dirty])
-            if isinstance(exc, OSError):
-                raise MirrorError(f"{path}: {exc.strerror or exc}", path=path) from None
-            raise
+            fd, dir_fd, dirty, temp, name = self._open_temp(names, path)
+        except OSError as exc:
+            raise MirrorError(f"{path}: {exc.strerror or exc}", path=path) from None
         handed_off = False
         try:
             length = 0
@@ -749,12 +741,7 @@ class Mirror:
         """
         names = self._relative(path)
         expected = {k.lower(): v.lower() for k, v in (expected_hashes or {}).items()}
-        algos = []
-        for algo in dict.fromkeys(a.lower() for a in (*algorithms, *expected)):
-            if algo in HASHLIB_NAMES:
-                algos.append(algo)
-            else:
-                log.warning("cannot verify unknown hash algorithm %r for %s", algo, path)
+        algos = _known_algorithms(algorithms, expected, path)
         try:
             written: Written = await self._queue(
                 _Write(names, data, expected_length, expected, algos, path, self._future())
@@ -945,16 +932,17 @@ class Mirror:
             raise
         return True
 
-    def _stage(self, write: _Write) -> _Staged:
-        """Verify one write and put its bytes in a temp file beside the target (unsynced)."""
-        path = write.path
-        data = write.data
-        assert data is not None
-        digests = {a: hashlib.new(HASHLIB_NAMES[a], data).hexdigest() for a in write.algos}
-        self._verify(path, len(data), digests, write.expected_length, write.expected)
-        dir_fd, dirty = self._open_dirs(write.names[:-1], create=True, path=path)
+    def _open_temp(
+        self, names: tuple[str, ...], path: Path | str
+    ) -> tuple[int, int, list[int], str, str]:
+        """Open a new temp file beside ``names``' target: ``(fd, dir_fd, dirty, temp, name)``.
+
+        Refuses a target that is a directory (it holds other resources).  On
+        failure every descriptor opened here is closed again.
+        """
+        dir_fd, dirty = self._open_dirs(names[:-1], create=True, path=path)
         assert dir_fd is not None
-        name = write.names[-1]
+        name = names[-1]
         temp = f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
             with contextlib.suppress(FileNotFoundError):
@@ -972,6 +960,16 @@ class Mirror:
         except BaseException:
             _close_all([dir_fd, *dirty])
             raise
+        return fd, dir_fd, dirty, temp, name
+
+    def _stage(self, write: _Write) -> _Staged:
+        """Verify one write and put its bytes in a temp file beside the target (unsynced)."""
+        path = write.path
+        data = write.data
+        assert data is not None
+        digests = {a: hashlib.new(HASHLIB_NAMES[a], data).hexdigest() for a in write.algos}
+        self._verify(path, len(data), digests, write.expected_length, write.expected)
+        fd, dir_fd, dirty, temp, name = self._open_temp(write.names, path)
         try:
             _write_all(fd, data)
         except BaseException:
