@@ -240,6 +240,21 @@ def pushed(mirror: Path) -> list[int]:
     return sorted(r.seq for r in apply_log(mirror) if r.seq is not None)
 
 
+def wait_pushed(mirror: Path, expected: list[int], why: str = "") -> None:
+    """Wait until the apply log shows exactly ``expected`` as applied from pushes.
+
+    A change's apply-log row is written after its file is durable, so the
+    mirror can equal the Source a moment before the last row is committed.
+    """
+    seen: list[int] = []
+
+    def done() -> bool:
+        seen[:] = pushed(mirror)
+        return seen == expected
+
+    wait_for(done, 10, 0.05, message=lambda: f"{why or 'pushed'}: {seen} != {expected}")
+
+
 # --- a raw MQTT client ----------------------------------------------------------------------
 
 
@@ -306,7 +321,7 @@ def test_mqtt_acl_publisher_writes_subscribers_read_and_a_forger_is_refused(
     try:
         source.advance(10)
         wait_converged(source, mirror, subscriber)
-        assert pushed(mirror) == list(range(1, 11)), "not applied from pushed notifications"
+        wait_pushed(mirror, list(range(1, 11)), "not applied from pushed notifications")
 
         # The read-only account forges the deletion of a live resource, and a head
         # far ahead (which would make every subscriber look for a gap).
@@ -336,7 +351,7 @@ def test_mqtt_acl_publisher_writes_subscribers_read_and_a_forger_is_refused(
         assert forged not in [p for _, p in observer.messages]
         assert not [p for t, p in observer.messages if t.endswith("/head") and p == head]
         wait_converged(source, mirror, subscriber)
-        assert pushed(mirror) == list(range(1, 12))
+        wait_pushed(mirror, list(range(1, 12)))
         assert forged_time not in [r.datetime for r in apply_log(mirror) if r.loc == victim]
     finally:
         observer.close()
@@ -386,7 +401,7 @@ def test_mqtts_with_a_private_ca_converges_and_a_wrong_ca_is_a_clear_error(
     subscriber = start_subscriber(rsnotify_process, source, mirror, via, "--mqtt-ca", str(pki.ca))
     source.advance(10)
     wait_converged(source, mirror, subscriber)
-    assert pushed(mirror) == list(range(1, 11))
+    wait_pushed(mirror, list(range(1, 11)))
 
     # A subscriber that trusts another CA never connects, and says why.
     stranger = start_subscriber(
@@ -425,7 +440,7 @@ def test_wss_with_a_bearer_token_converges_and_bad_tokens_are_refused(
     )
     source.advance(10)
     wait_converged(source, mirror, subscriber)
-    assert pushed(mirror) == list(range(1, 11))
+    wait_pushed(mirror, list(range(1, 11)))
 
     trusted = ssl.create_default_context(cafile=pki.ca)
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {token}"}):
@@ -479,7 +494,7 @@ def test_hmac_key_rotation_accepts_both_keys_then_refuses_the_retired_one(
     signer = publisher(new)
     source.advance(5)  # signed with k2: the window, both accepted
     wait_converged(source, mirror, subscriber)
-    assert pushed(mirror) == list(range(1, 11)), "a key of the window was refused"
+    wait_pushed(mirror, list(range(1, 11)), "a key of the window was refused")
     assert "invalid payload" not in subscriber.output()
 
     # k1 is retired at the subscriber; a publisher still signing with it is refused.
