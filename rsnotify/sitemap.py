@@ -643,7 +643,7 @@ class DocumentReader:
                 when = w3cdt.parse(lastmod)
             except InvalidDatetime as exc:
                 raise InvalidDatetime(exc.reason, line=line, element="lastmod") from None
-        change = digest = media = length = None
+        change = digest = media = length = moment = None
         if md:
             # The common Change List attributes first, positionally into Entry();
             # anything else (1.1 datetime, capability, path, intervals, community
@@ -667,7 +667,10 @@ class DocumentReader:
                     if text.isascii() and text.isdigit()
                     else _int(text, "length", line, "rs:md")
                 )
-        entry = Entry(loc, when, changefreq, change, None, digest, length, media, line=line)
+            text = pop("datetime", None)  # on every entry of a 1.1 Change List
+            if text is not None:
+                moment = _time(text, line, "rs:md")
+        entry = Entry(loc, when, changefreq, change, moment, digest, length, media, line=line)
         if md:
             self._rare_md(entry, md, line)
         if links is not None:
@@ -689,7 +692,7 @@ class DocumentReader:
 
     @staticmethod
     def _rare_md(entry: Entry, md: dict[str, str], line: int | None) -> None:
-        """rs:md attributes beyond change/hash/type/length (datetime, intervals, extras)."""
+        """rs:md attributes beyond change/hash/type/length/datetime (intervals, extras)."""
         pop = md.pop
         entry.capability = pop("capability", None)
         entry.path = pop("path", None)

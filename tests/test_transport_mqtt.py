@@ -786,3 +786,119 @@ async def test_bad_pusher_options_are_clear_errors(sqlite_log: NotificationLog) 
         pusher.add_collection("a/b")
     with pytest.raises(TransportError):
         pusher.acked(C1)
+
+
+class _MqttCounter:
+    """A TCP relay that reads MQTT packet framing both ways and tracks QoS 1
+    PUBLISHes awaiting their PUBACK: the wire-level check of Receive Maximum."""
+
+    def __init__(self, upstream: Mosquitto) -> None:
+        self.upstream = upstream
+        self.outstanding: set[int] = set()
+        self.most = 0
+        self.publishes = 0
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._client, HOST, 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.upstream.host, self.upstream.port)
+        await asyncio.gather(
+            self._pump(reader, up_writer, self._from_client),
+            self._pump(up_reader, writer, self._from_broker),
+            return_exceptions=True,
+        )
+        for w in (writer, up_writer):
+            w.close()
+
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        seen: Callable[[int, bytes], None],
+    ) -> None:
+        while True:
+            first = await reader.readexactly(1)
+            length, multiplier, header = 0, 1, first
+            while True:
+                byte = await reader.readexactly(1)
+                header += byte
+                length += (byte[0] & 0x7F) * multiplier
+                multiplier *= 128
+                if not byte[0] & 0x80:
+                    break
+            body = await reader.readexactly(length)
+            seen(first[0], body)
+            writer.write(header + body)
+            await writer.drain()
+
+    def _from_client(self, first: int, body: bytes) -> None:
+        if first >> 4 == 3 and (first >> 1) & 3 == 1:  # PUBLISH, QoS 1
+            topic_len = int.from_bytes(body[:2], "big")
+            mid = int.from_bytes(body[2 + topic_len : 4 + topic_len], "big")
+            self.outstanding.add(mid)
+            self.publishes += 1
+            self.most = max(self.most, len(self.outstanding))
+
+    def _from_broker(self, first: int, body: bytes) -> None:
+        if first >> 4 == 4:  # PUBACK
+            self.outstanding.discard(int.from_bytes(body[:2], "big"))
+
+
+async def test_no_more_publishes_await_a_puback_than_the_brokers_receive_maximum(
+    sqlite_log: NotificationLog,
+    mosquitto_factory: Callable[..., Mosquitto],
+    subscribers: Callable[..., Subscriber],
+) -> None:
+    # Mosquitto advertises max_inflight_messages as its MQTT 5 Receive Maximum
+    # (default 20) without enforcing it on QoS 1; stricter brokers disconnect
+    # a client that exceeds it.  Counted on the wire, between pusher and broker.
+    mosquitto = mosquitto_factory(
+        max_queued_messages=100_000, extra_config="max_inflight_messages 4"
+    )
+    relay = _MqttCounter(mosquitto)
+    await relay.start()
+    try:
+        subscriber = subscribers(mosquitto, [f"{PREFIX}/+/changes"])
+        await subscriber.subscribed()
+        await append(sqlite_log, C1, 600)
+        pusher = MqttPusher(f"mqtt://{HOST}:{relay.port}", sqlite_log, topic_prefix=PREFIX, **FAST)
+        assert pusher.window > 4
+        pusher.add_collection(C1)
+        async with running(pusher):
+            await async_wait_for(
+                lambda: len(subscriber.messages()) >= 600,
+                timeout=20,
+                message=lambda: f"received {len(subscriber.messages())} of 600",
+            )
+        assert subscriber.seqs(C1) == list(range(1, 601))
+        assert pusher.inflight_limit == 4
+        assert relay.publishes >= 600
+        assert 1 < relay.most <= 4
+    finally:
+        await relay.close()
+
+
+def test_properties_packed_once_are_the_bytes_paho_would_pack() -> None:
+    from rsnotify.transport.mqtt import PackedOnce
+
+    def build(kind: type[Properties]) -> Properties:
+        props = kind(PacketTypes.PUBLISH)
+        props.ContentType = "application/json"
+        props.PayloadFormatIndicator = 1
+        props.UserProperty = [(SIGNATURE_PROPERTY, "k1:abc")]
+        return props
+
+    once, plain = build(PackedOnce), build(Properties)
+    assert once.pack() == plain.pack()
+    assert once.pack() is once.pack()  # cached
+    once.ContentType = plain.ContentType = "application/xml"  # a change re-packs
+    assert once.pack() == plain.pack()

@@ -12,8 +12,9 @@ Threads.  paho-mqtt runs its network loop in a thread of its own
 to the asyncio loop with ``call_soon_threadsafe``.  All bookkeeping (window,
 acks, cursors, reconnects) happens on the asyncio side, so it needs no locks.
 
-Delivery.  At most ``window`` messages (notifications and heads together) are
-awaiting a PUBACK on the wire, and at most as many again wait in paho's own
+Delivery.  At most ``window`` messages (notifications and heads together),
+and never more than the broker's MQTT 5 Receive Maximum, are awaiting a
+PUBACK on the wire; the rest of ``2 * window`` handed to paho wait in its own
 queue, which paho's thread sends as soon as a PUBACK frees a slot (PUBACKs
 reach the asyncio loop in batches, so the pipe never idles waiting for it).
 The durable cursor (``log.cursor(c, "mqtt")``) moves to the
@@ -181,6 +182,27 @@ def _tls_context(
     return context
 
 
+class PackedOnce(Properties):
+    """PUBLISH properties that serialise themselves once.
+
+    paho calls ``pack()`` for every message it sends, and ``pack()`` probes
+    all ~40 property names with ``hasattr``: ~8% of the publisher's CPU in a
+    burst, for bytes that never change (the pusher never edits properties
+    after building them).  Any later assignment drops the cached bytes.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        object.__setattr__(self, "_packed", None)
+
+    def pack(self) -> bytes:
+        packed: bytes | None = getattr(self, "_packed", None)
+        if packed is None:
+            packed = super().pack()
+            object.__setattr__(self, "_packed", packed)
+        return packed
+
+
 class MqttPusher:
     """Push every logged notification of the added collections to an MQTT broker.
 
@@ -271,6 +293,7 @@ class MqttPusher:
         # many in paho's own queue, which it sends from its thread the moment
         # an ack frees a slot, without waiting for this loop to come round.
         self._handed_max = 2 * window
+        self.inflight_limit = window  # on the wire: min(window, the broker's Receive Maximum)
         self._acks: collections.deque[tuple[int, int, ReasonCode]] = collections.deque()
         self._acks_scheduled = False
         self._heads_wanted = False
@@ -434,7 +457,7 @@ class MqttPusher:
             protocol=protocol,
             reconnect_on_failure=False,  # we reconnect, with jitter, on a fresh client
         )
-        client.max_inflight_messages_set(self.window)
+        client.max_inflight_messages_set(self.window)  # until the CONNACK says less
         # paho counts in-flight messages in its queue cap too.
         client.max_queued_messages_set(self._handed_max)
         if self.broker.username is not None:
@@ -443,7 +466,22 @@ class MqttPusher:
             client.tls_set_context(self._tls)
         client.connect_timeout = self.connect_timeout
 
-        def on_connect(_c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Any) -> None:
+        def on_connect(
+            c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, props: Properties | None
+        ) -> None:
+            # MQTT 5 section 3.2.2.3.3: never more unacknowledged QoS 1 PUBLISHes
+            # than the broker's Receive Maximum (Mosquitto says 20; brokers that
+            # enforce it disconnect a client that sends more).  paho ignores it,
+            # and its setter refuses any change once connected (for fear of a
+            # switch to or from 0, "unlimited", which this is not), so the
+            # attribute is set directly, here in paho's thread, before the
+            # asyncio side can publish anything on this connection.
+            limit = getattr(props, "ReceiveMaximum", None) if props is not None else None
+            inflight = self.window
+            if isinstance(limit, int) and 0 < limit < inflight:
+                inflight = limit
+            c._max_inflight_messages = inflight
+            self.inflight_limit = inflight
             self._post(self._on_connection_event, conn, "connack", reason)
 
         def on_disconnect(_c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Any) -> None:
@@ -682,7 +720,7 @@ class MqttPusher:
 
     @staticmethod
     def _new_properties(content_type: str, signature: str | None) -> Properties:
-        props = Properties(PacketTypes.PUBLISH)
+        props = PackedOnce(PacketTypes.PUBLISH)
         props.ContentType = content_type
         props.PayloadFormatIndicator = 1  # UTF-8 text
         if signature is not None:
