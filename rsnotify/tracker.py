@@ -162,12 +162,17 @@ class Detection:
         return len(self.entries)
 
 
-def detect(entries: Iterable[Entry], changelist: str, checkpoint: Checkpoint) -> Detection:
+def detect(
+    entries: Iterable[Entry], changelist: str, checkpoint: Checkpoint, *, limit: int | None = None
+) -> Detection:
     """Filter one list's entries down to those after ``checkpoint``.
 
     Entries are taken in document order (forward chronological by the
     specification), and each new one advances the checkpoint, so a caller can
     log them in batches and commit the matching checkpoint with each batch.
+    With ``limit``, stop right after that many new entries: an iterator is
+    left just past the last one, so a caller can resume from it and start
+    logging the first part of a long list while the rest is still unread.
     """
     found = Detection(changelist=changelist)
     current = checkpoint
@@ -176,6 +181,8 @@ def detect(entries: Iterable[Entry], changelist: str, checkpoint: Checkpoint) ->
             current = current.advance(entry, changelist)
             found.entries.append(entry)
             found.checkpoints.append(current)
+            if limit is not None and len(found.entries) >= limit:
+                break
     return found
 
 

@@ -137,3 +137,33 @@ def test_any_split_point_partitions_the_list_exactly(times: list[int], cut: int)
     head = detect(entries[:cut], "L1", Checkpoint(started=True))
     checkpoint = head.checkpoints[-1] if head.checkpoints else Checkpoint(started=True)
     assert head.entries + detect(entries, "L1", checkpoint).entries == entries
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    limit=st.integers(min_value=1, max_value=12),
+    times=st.lists(st.integers(min_value=0, max_value=6), min_size=0, max_size=30),
+    resume_at=st.integers(min_value=0, max_value=30),
+)
+def test_detect_with_a_limit_resumes_on_the_same_iterator_to_the_same_result(
+    limit: int, times: list[int], resume_at: int
+) -> None:
+    # Shared datetimes included: the boundary must carry across the cut.
+    entries = [e(i, t=t) for i, t in enumerate(sorted(times))]
+    start = Checkpoint(started=True)
+    if resume_at and entries:
+        start = detect(entries[: min(resume_at, len(entries))], "L1", start).checkpoints[-1]
+    whole = detect(entries, "L1", start)
+    it = iter(entries)
+    current, got, checkpoints = start, [], []
+    while True:
+        part = detect(it, "L1", current, limit=limit)
+        assert len(part) <= limit
+        got += part.entries
+        checkpoints += part.checkpoints
+        if part.entries:
+            current = part.checkpoints[-1]
+        if len(part) < limit:
+            break
+    assert got == whole.entries
+    assert checkpoints == whole.checkpoints

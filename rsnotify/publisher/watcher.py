@@ -46,10 +46,22 @@ class PollResult:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     bytes_read: int = 0
     full_reads: int = 0
+    more: bool = False  # the pass stopped at its entry limit: poll again at once
 
     @property
     def count(self) -> int:
         return sum(len(d) for d in self.detections)
+
+
+@dataclass(slots=True)
+class _Pass:
+    """A detection pass cut short at its entry limit, resumed by the next poll."""
+
+    refs: list[ListRef]  # lists still to read, in order
+    current: Checkpoint  # after the last entry handed out
+    prefetched: dict[str, Fetched]
+    changelist: str | None = None  # the list being read, with the rest of its entries
+    entries: Iterator[Entry] | None = None
 
 
 class CollectionWatcher:
@@ -77,6 +89,7 @@ class CollectionWatcher:
         self._index_state = _ListState()
         self._refs: list[ListRef] = []
         self._lists: dict[str, _ListState] = {}
+        self._pass: _Pass | None = None
 
     def list_urls(self) -> list[str]:
         """The Change Lists the index named at the last read."""
@@ -91,6 +104,7 @@ class CollectionWatcher:
         self.checkpoint = checkpoint
         self._index_state = _ListState()
         self._lists.clear()
+        self._pass = None
 
     # -- reading -----------------------------------------------------------------
 
@@ -155,31 +169,61 @@ class CollectionWatcher:
         self._refs = index_refs(reader)
         return {}
 
-    async def poll(self) -> PollResult:
-        """One detection pass.  Raises FetchError / DocumentError for the caller's backoff."""
-        prefetched = await self._refresh_index()
+    async def poll(self, limit: int | None = None) -> PollResult:
+        """One detection pass.  Raises FetchError / DocumentError for the caller's backoff.
+
+        With ``limit``, a pass returns after that many new entries with
+        ``more`` set, and the next call carries on where it stopped (from the
+        same bytes, not a new read), so the caller can log and push the first
+        thousands of entries of a 50,000-entry list before the rest is parsed.
+        The caller must log what a pass returned before polling again.
+        """
         result = PollResult(checkpoint=self.checkpoint)
-        if not self._refs:
-            return result
-        if not self.checkpoint.started and not self.from_beginning:
-            # First run: start at the current end; Destinations baseline from the Resource List.
-            newest = self._refs[-1]
-            entries = await self._read_list(newest.url, result, prefetched.get(newest.url))
-            result.checkpoint = starting_point(entries or (), newest.url)
-            return result
-        current = self.checkpoint
-        for ref in lists_to_read(self._refs, current):
-            try:
-                entries = await self._read_list(ref.url, result, prefetched.get(ref.url))
+        work = self._pass
+        if work is None:
+            prefetched = await self._refresh_index()
+            if not self._refs:
+                return result
+            if not self.checkpoint.started and not self.from_beginning:
+                # First run: start at the current end; Destinations baseline from the Resource List.
+                newest = self._refs[-1]
+                entries = await self._read_list(newest.url, result, prefetched.get(newest.url))
+                result.checkpoint = starting_point(entries or (), newest.url)
+                return result
+            work = _Pass(lists_to_read(self._refs, self.checkpoint), self.checkpoint, prefetched)
+        self._pass = None  # set again only if this pass stops at its limit
+        budget = limit
+        while True:
+            if work.entries is None:
+                if not work.refs:
+                    break
+                ref = work.refs.pop(0)
+                try:
+                    entries = await self._read_list(ref.url, result, work.prefetched.get(ref.url))
+                except DocumentError:
+                    self._lists.pop(ref.url, None)  # read it whole next time
+                    raise
                 if entries is None:
                     continue
-                found = detect(entries, ref.url, current)
+                work.changelist, work.entries = ref.url, entries
+            assert work.changelist is not None
+            try:
+                found = detect(work.entries, work.changelist, work.current, limit=budget)
             except DocumentError:
-                self._lists.pop(ref.url, None)  # read it whole next time
+                self._lists.pop(work.changelist, None)
                 raise
             if found.entries:
                 result.detections.append(found)
-                current = found.checkpoints[-1]
+                work.current = found.checkpoints[-1]
+            if budget is not None:
+                budget -= len(found)
+                if budget <= 0:
+                    self._pass = work
+                    result.more = True
+                    result.checkpoint = work.current
+                    return result
+            work.entries = None
+        current = work.current
         state = self._lists.get(current.changelist or "")
         if state is not None:
             current = current.with_validators(state.etag, state.last_modified)
