@@ -643,6 +643,8 @@ async def ws_collect(
 class Spy:
     """py-spy attached to one process (all threads, non-blocking), if py-spy is installed."""
 
+    rate = 100  # samples/s; --profile-rate
+
     def __init__(self, pid: int, out: Path) -> None:
         self.pid = pid
         self.out = out
@@ -660,8 +662,8 @@ class Spy:
             return
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.proc = await asyncio.create_subprocess_exec(
-            binary, "record", "--pid", str(self.pid), "--nonblocking", "--gil", "--format", "raw",
-            "-o", str(self.out),
+            binary, "record", "--pid", str(self.pid), "--nonblocking", "--gil",
+            "--rate", str(self.rate), "--format", "raw", "-o", str(self.out),
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
@@ -1485,9 +1487,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="py-spy the publisher in each scenario's first run (needs py-spy)",
     )
+    ap.add_argument(
+        "--profile-rate",
+        type=int,
+        default=Spy.rate,
+        help="py-spy samples per second (more: finer profiles, more overhead)",
+    )
     ap.add_argument("--workdir", type=Path, default=None, help="parent of the work directory")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     opts = ap.parse_args(argv)
+    Spy.rate = opts.profile_rate
     if opts.quick:
         opts.repeat = opts.repeat or 1
         opts.entries = opts.entries or 5_000
