@@ -14,8 +14,11 @@ Throughput
     so reading and parsing the list, logging, rendering and both pushes are all
     in.  In the same run a *bare paho loop* publishes the same payload bytes
     (rendered by rsnotify's own ``envelope``/``outbound``, untimed) at QoS 1,
-    MQTT 5, the same max in-flight window and topic, to the same broker, with
-    the same kind of subscriber counting.  Runs alternate (round-robin).
+    MQTT 5, the same max in-flight window (100) and topic, to the same broker,
+    with the same kind of subscriber counting.  Runs alternate (round-robin).
+    The bare loop, like paho itself, ignores the broker's MQTT 5 Receive
+    Maximum (Mosquitto advertises 20, without enforcing it on QoS 1); the
+    publisher honours it, so it has at most 20 messages on the wire.
 
 Latency
     A driver process (the simulator's ``Site``/``DiskWriter``) pre-fills the
