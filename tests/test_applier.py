@@ -584,6 +584,7 @@ async def test_metadata_only_batches_agree_with_one_change_at_a_time(
         expected = [await single.apply(c) for c in changes]
         assert outcomes == expected
         assert Outcome.REFUSED_ORIGIN in outcomes and Outcome.SKIPPED_ALREADY_APPLIED in outcomes
+
         def fields(state: Any) -> Any:
             return state and (state.change, state.datetime, state.seq, state.sha256, state.length)
 
@@ -593,9 +594,7 @@ async def test_metadata_only_batches_agree_with_one_change_at_a_time(
         await single_store.close()
     assert source.requests == [] and other.requests == []
     recorded = [c for c, o in zip(changes, outcomes, strict=True) if o is Outcome.RECORDED]
-    assert [(kind, loc) for kind, loc, _ in env.events] == [
-        (c.change, c.loc) for c in recorded
-    ]
+    assert [(kind, loc) for kind, loc, _ in env.events] == [(c.change, c.loc) for c in recorded]
     await assert_never_backwards(env.store)
 
 
@@ -854,7 +853,7 @@ async def test_a_hostile_resource_dump_package_cannot_escape_bomb_or_corrupt_the
         '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
         'xmlns:rs="http://www.openarchives.org/rs/terms/">'
         '<rs:md capability="resourcedump" at="2026-01-01T00:00:00Z"/>'
-        f'<url><loc>{source.url("/dump/p1.zip")}</loc>'
+        f"<url><loc>{source.url('/dump/p1.zip')}</loc>"
         f'<rs:md length="{len(package)}" type="application/zip"/></url></urlset>'
     ).encode()
     applier = env.applier()

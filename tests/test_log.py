@@ -29,9 +29,7 @@ async def log_factory(
     """
     opened: list[NotificationLog] = []
     backend, _, cached = request.param.partition("+")
-    server: Redis | None = (
-        request.getfixturevalue("redis_server") if backend == "redis" else None
-    )
+    server: Redis | None = request.getfixturevalue("redis_server") if backend == "redis" else None
 
     def make() -> NotificationLog:
         log: NotificationLog = (

@@ -287,7 +287,7 @@ def test_once_baselines_from_a_resource_dump_built_by_resync(
         'xmlns:rs="http://www.openarchives.org/rs/terms/">'
         f'<rs:ln rel="up" href="{source.url("capabilitylist.xml")}"/>'
         f'<rs:md capability="resourcedump" at="{dump_at}"/>'
-        f'<url><loc>{source.url("dump/" + package.name)}</loc>'
+        f"<url><loc>{source.url('dump/' + package.name)}</loc>"
         f'<rs:md type="application/zip" length="{len(body)}" '
         f'hash="sha-256:{hashlib.sha256(body).hexdigest()}"/></url></urlset>'
     )

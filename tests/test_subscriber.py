@@ -141,9 +141,7 @@ async def test_cursors_in_redis_survive_restarts_and_a_redis_outage(
         assert differences(await ground_truth(http, base), mirror) == []
         assert not (default_state_dir(str(mirror)) / "cursor.sqlite3").exists()
         assert destination_id(mirror, "dest-1") == "dest-1"
-        raw = redis_client.Redis.from_url(redis_server.url).hget(
-            "rsn:dest:{dest-1}:cursors", cid
-        )
+        raw = redis_client.Redis.from_url(redis_server.url).hget("rsn:dest:{dest-1}:cursors", cid)
         cursor = json.loads(raw)
         assert cursor["baseline_done"] is True and json.loads(cursor["checkpoint"])
 

@@ -69,6 +69,19 @@ async def append(log: NotificationLog, collection: str, count: int) -> int:
     return await log.append(collection, payloads, expected_head=head, checkpoint=f"cp{head}")
 
 
+async def read_packet(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One MQTT control packet: (fixed header with its remaining-length varint, body)."""
+    header = await reader.readexactly(1)
+    length, multiplier = 0, 1
+    while True:
+        byte = await reader.readexactly(1)
+        header += byte
+        length += (byte[0] & 0x7F) * multiplier
+        multiplier *= 128
+        if not byte[0] & 0x80:
+            return header, await reader.readexactly(length)
+
+
 async def records(log: NotificationLog, collection: str) -> dict[int, LogRecord]:
     out: dict[int, LogRecord] = {}
     after = 0
@@ -580,16 +593,7 @@ class Relay:
         self._writers.add(writer)
         upstream: asyncio.StreamWriter | None = None
         try:
-            header = await reader.readexactly(1)
-            length, multiplier = 0, 1
-            while True:  # the remaining-length varint
-                byte = await reader.readexactly(1)
-                header += byte
-                length += (byte[0] & 0x7F) * multiplier
-                multiplier *= 128
-                if not byte[0] & 0x80:
-                    break
-            body = await reader.readexactly(length)
+            header, body = await read_packet(reader)
             level = body[2 + int.from_bytes(body[:2], "big")]  # after the protocol name
             if level == 5 and self.refuse_mqtt5:
                 self.refused += 1
@@ -826,17 +830,8 @@ class _MqttCounter:
         seen: Callable[[int, bytes], None],
     ) -> None:
         while True:
-            first = await reader.readexactly(1)
-            length, multiplier, header = 0, 1, first
-            while True:
-                byte = await reader.readexactly(1)
-                header += byte
-                length += (byte[0] & 0x7F) * multiplier
-                multiplier *= 128
-                if not byte[0] & 0x80:
-                    break
-            body = await reader.readexactly(length)
-            seen(first[0], body)
+            header, body = await read_packet(reader)
+            seen(header[0], body)
             writer.write(header + body)
             await writer.drain()
 
