@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from rsnotify import sitemap, w3cdt
 from rsnotify.devstack import Redis, async_wait_for
@@ -17,6 +18,7 @@ from rsnotify.log import NotificationLog
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.log.tail_cache import TailCache
+from rsnotify.publisher import service
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from tests.helpers import running_simulator
 
@@ -75,9 +77,15 @@ async def only_collection(pub: Publisher) -> str:
     return cid
 
 
+# 7: detection passes end mid-list and mid-burst, and resume across rollovers.
+CHUNKS = pytest.mark.parametrize("chunk", [service.DETECT_CHUNK, 7])
+
+
+@CHUNKS
 async def test_every_entry_is_logged_once_in_change_list_order_across_rollovers(
-    tmp_path: Path,
+    tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(service, "DETECT_CHUNK", chunk)
     async with (
         simulator(changelist_size=40, paused=True) as (sim, base),
         aiohttp.ClientSession() as http,
@@ -113,7 +121,11 @@ async def _head_is(log: NotificationLog, cid: str, n: int) -> bool:
     return head == n
 
 
-async def test_a_restarted_publisher_resumes_without_duplicates_or_loss(tmp_path: Path) -> None:
+@CHUNKS
+async def test_a_restarted_publisher_resumes_without_duplicates_or_loss(
+    tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "DETECT_CHUNK", chunk)
     async with (
         simulator(changelist_size=30, paused=True) as (_sim, base),
         aiohttp.ClientSession() as http,
