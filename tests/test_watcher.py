@@ -10,7 +10,7 @@ import pytest
 from rsnotify import sitemap
 from rsnotify.model import Capability, ChangeType, Document, Entry, Root
 from rsnotify.publisher.access import DirectoryAccess
-from rsnotify.publisher.watcher import CollectionWatcher
+from rsnotify.publisher.watcher import CollectionWatcher, PollResult
 from rsnotify.tracker import Checkpoint
 
 BASE = "http://source.example/c1/"
@@ -63,6 +63,17 @@ def _watcher(root: Path) -> CollectionWatcher:
     )
 
 
+async def _poll_to_the_end(watcher: CollectionWatcher, limit: int) -> list[PollResult]:
+    """Poll until a pass ends, committing each result as the service does once it is logged."""
+    results = []
+    while True:
+        result = await watcher.poll(limit)
+        results.append(result)
+        watcher.commit(result.checkpoint)
+        if not result.more:
+            return results
+
+
 @pytest.mark.parametrize("limit", [1_000, 2_400, 7])
 async def test_a_limited_poll_hands_out_every_entry_once_in_order_across_lists(
     tmp_path: Path, limit: int
@@ -74,18 +85,14 @@ async def test_a_limited_poll_hands_out_every_entry_once_in_order_across_lists(
     assert len(expected) == 5_000
 
     watcher = _watcher(tmp_path)
-    got: list[tuple[str, str, datetime | None]] = []
-    polls = 0
-    while True:
-        result = await watcher.poll(limit)
-        polls += 1
-        assert result.count <= limit
-        got += [(d.changelist, e.loc, e.datetime) for d in result.detections for e in d.entries]
-        watcher.commit(result.checkpoint)  # as the service does once it has logged them
-        if not result.more:
-            break
+    results = await _poll_to_the_end(watcher, limit)
+    assert all(r.count <= limit for r in results)
+    got = [
+        (d.changelist, e.loc, e.datetime) for r in results for d in r.detections for e in d.entries
+    ]
     assert got == expected
-    assert polls >= 5_000 // limit
+    assert len(results) >= 5_000 // limit
+    result = results[-1]
     assert result.checkpoint == whole.checkpoint  # validators included: next poll is a 304
     again = await watcher.poll(limit)
     assert again.count == 0 and not again.more
@@ -99,12 +106,7 @@ async def test_a_reset_mid_pass_restarts_from_the_committed_checkpoint(tmp_path:
     watcher.commit(first.checkpoint)
     await watcher.poll(1_500)  # handed out, never logged (the log was down, say)
     watcher.reset(first.checkpoint)
-    rest: list[str] = []
-    while True:
-        result = await watcher.poll(1_500)
-        rest += [e.loc for d in result.detections for e in d.entries]
-        watcher.commit(result.checkpoint)
-        if not result.more:
-            break
+    results = await _poll_to_the_end(watcher, 1_500)
+    rest = [e.loc for r in results for d in r.detections for e in d.entries]
     whole = await _watcher(tmp_path).poll()
     assert rest == [e.loc for d in whole.detections for e in d.entries][1_500:]
