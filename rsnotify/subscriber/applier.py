@@ -423,21 +423,31 @@ class Applier:
         if first is not None:
             raise first
 
-    async def abandon(self) -> None:
-        """Cancel every submitted change and wait until none is still running.
+    async def abandon(self, futures: Collection[asyncio.Future[Outcome]] | None = None) -> None:
+        """Cancel submitted changes and wait until none of them is still running.
 
         Used before an engine restarts from its durable cursor after a local
         failure: the restart resubmits those changes, and a straggler from
         before must not rename older bytes over what the restart wrote.
+
+        ``futures`` limits this to the changes one submitter (an engine)
+        holds; ``None`` abandons everything.  The applier is shared by every
+        collection of a subscriber, and cancelling another collection's
+        changes left that collection's pipeline waiting forever for them
+        (the chaos matrix's disk-full scenario).
         """
-        for _, _, future in self._batch:
+        doomed = set(self._pending) if futures is None else set(futures) & self._pending
+        kept: deque[_Queued] = deque()
+        for item in self._batch:
+            if item[2] in doomed:
+                item[2].cancel()
+            else:
+                kept.append(item)
+        self._batch = kept
+        for future in doomed:
             future.cancel()
-        self._batch.clear()
-        pending = list(self._pending)
-        for future in pending:
-            future.cancel()
-        if pending:
-            await asyncio.wait(pending)
+        if doomed:
+            await asyncio.wait(doomed)
         await self.mirror.settle()
 
     # -- one change -------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Any
 from .. import envelope
 from ..backoff import Backoff
 from ..envelope import InvalidNotification, Notification
-from ..errors import DocumentError, FetchError
+from ..errors import DocumentError, FetchError, RsNotifyError
 from ..model import Entry
 from ..publisher.watcher import CollectionWatcher
 from ..tracker import Checkpoint
@@ -189,8 +189,9 @@ class CollectionSync:
             await self._commit_batches()
         except Exception as exc:
             self.failure = exc
-            self.idle.set()
             log.error("%s: cannot save the cursor: %s", self.collection, exc)
+        finally:
+            self.idle.set()  # whatever ended this loop, drain() must look again
 
     async def _commit_batches(self) -> None:
         """Advance the durable cursor over the applied prefix, writing it in batches.
@@ -218,6 +219,21 @@ class CollectionSync:
                         self.failure = exc
                         self.idle.set()
                         log.error("%s: cannot apply changes: %s", self.collection, exc)
+                        return
+                    except asyncio.CancelledError:
+                        task = asyncio.current_task()
+                        if task is not None and task.cancelling():
+                            raise  # this loop is being stopped
+                        # The change was cancelled under us: nothing will ever
+                        # apply it, so the cursor must not pass it.  Stop the
+                        # pipeline like a local failure (the engine restarts
+                        # from its cursor) rather than end this task silently
+                        # and leave drain() waiting for it.
+                        self.failure = RsNotifyError(
+                            f"{self.collection}: a change was cancelled before it was applied"
+                        )
+                        self.idle.set()
+                        log.error("%s", self.failure)
                         return
                     self._count(outcome, item.notification)
                 self._pending.popleft()
@@ -249,6 +265,9 @@ class CollectionSync:
         pipeline: the caller restarts the engine from the durable cursor.
         """
         while self._pending and self.failure is None:
+            if self._committer is None or self._committer.done():
+                # Nothing would ever empty the pipeline: say so, never wait forever.
+                raise RsNotifyError(f"{self.collection}: the apply pipeline is not running")
             self.idle.clear()
             self._wake.set()
             await self.idle.wait()
@@ -461,12 +480,16 @@ class CollectionSync:
         await self.catch_up(Gap("once"))
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):
+        try:
             await self.drain()
-        if self.failure is not None:
+            drained = True
+        except Exception:
+            drained = False
+        if not drained or self.failure is not None:
             # Stopped by a local failure with changes still in flight: stop
             # them before anyone restarts from the cursor and resubmits them.
-            await self.applier.abandon()
+            # Only this engine's: the applier is shared by every collection.
+            await self.applier.abandon([p.future for p in self._pending if p.future is not None])
         if self._committer is not None:
             self._committer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
