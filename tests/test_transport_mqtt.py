@@ -389,6 +389,47 @@ async def test_the_pusher_connects_once_a_broker_that_was_down_at_start_comes_up
         assert head["head"] >= 30
 
 
+@pytest.mark.timeout(60)
+async def test_a_collection_added_before_the_first_connection_is_pushed_once_it_connects(
+    sqlite_log: NotificationLog,
+    mosquitto_factory: Callable[..., Mosquitto],
+    subscribers: Callable[..., Subscriber],
+) -> None:
+    """What ``publish --mqtt-only`` does: the collections arrive after run(), before CONNACK.
+
+    The heartbeat loop used to spin without yielding once a collection asked
+    for heads while the pusher was not connected yet, so the loop never ran
+    the connection and nothing was ever pushed.
+    """
+    broker = mosquitto_factory(start=False)
+    await append(sqlite_log, C1, 20)
+    pusher = MqttPusher(broker.url, sqlite_log, topic_prefix=PREFIX, **FAST)
+    async with running(pusher):
+        await async_wait_for(lambda: pusher.stats.connect_attempts >= 1, timeout=20)
+        pusher.add_collection(C1)  # running, not connected
+        ticks = 0
+
+        async def count_ticks() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(count_ticks())
+        try:
+            await async_wait_for(lambda: pusher.stats.connect_attempts >= 2, timeout=20)
+            assert ticks > 0, "the event loop is starved"
+        finally:
+            ticker.cancel()
+        await broker.async_start()
+        subscriber = subscribers(broker, [f"{PREFIX}/+/changes"])
+        await subscriber.subscribed()
+        await async_wait_for(lambda: pusher.connected, timeout=20, message="never connected")
+        await async_wait_for(lambda: _cursor_is(sqlite_log, C1, 20), timeout=20)
+        await append(sqlite_log, C1, 3)
+        await async_wait_for(lambda: subscriber.seqs(C1)[-3:] == [21, 22, 23], timeout=20)
+
+
 async def test_a_message_the_broker_refuses_holds_the_cursor_until_it_is_accepted(
     sqlite_log: NotificationLog,
     mosquitto_factory: Callable[..., Mosquitto],

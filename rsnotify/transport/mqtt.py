@@ -847,7 +847,10 @@ class MqttPusher:
                 attempted = self._epoch
                 await self._publish_heads(attempted)
             deadline = loop.time() + self.heartbeat
-            while loop.time() < deadline and not self._heads_wanted:
+            # Heads wanted while disconnected wait for the connection: testing
+            # only the flag spun this loop without ever yielding (a collection
+            # added before the first CONNACK), and the connection never came.
+            while loop.time() < deadline and not (self._heads_wanted and self._connected):
                 if self._connected and self._epoch != attempted:
                     break  # a new connection: heads right away
                 await self._pulse.wait(deadline - loop.time())
