@@ -19,7 +19,7 @@ from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from rsnotify.transport import wsproto
-from rsnotify.transport.mqtt import MqttPusher
+from rsnotify.transport.mqtt import CURSOR_NAME, MqttPusher
 
 C = "example.org-c1-capabilitylist-5ca1e000"
 N = 2000
@@ -158,3 +158,72 @@ async def test_two_ws_only_gateways_on_one_redis_serve_the_same_ordered_sequence
         for gateway in gateways:
             await gateway.stop()
         await log.close()
+
+
+async def test_an_mqtt_only_gateway_pushes_every_collection_of_the_shared_log_in_order(
+    redis_server: Redis,
+    mosquitto_factory: Callable[..., Mosquitto],
+    monkeypatch: Any,
+) -> None:
+    """``publish --mqtt-only``: the MQTT half of a publisher split over two processes.
+
+    What the log held before the gateway started and what is appended while
+    it runs arrive once, in order; a collection registered later is found by
+    the gateway's refresh of the collection list.
+    """
+    from rsnotify.publisher import service
+
+    monkeypatch.setattr(service, "COLLECTION_REFRESH", 0.2)
+    broker = mosquitto_factory(max_queued_messages=100_000)
+    collector = Collector(broker, "resourcesync/+/changes")
+    log = RedisLog(redis_server.url)
+    gateway = Publisher(
+        PublisherConfig(
+            source="http://unused.invalid/",
+            redis=redis_server.url,
+            mqtt=broker.url,
+            mqtt_only=True,
+            heartbeat=1.0,
+        )
+    )
+    try:
+        await log.register(C, "http://example.org/c1/capabilitylist.xml")
+        await log.append(C, payloads(1, 500), expected_head=0, checkpoint="c")
+        await gateway.start()
+        await log.append(C, payloads(501, 500), expected_head=500, checkpoint="c")
+        await async_wait_for(
+            lambda: len(collector.seqs) >= 1000, timeout=60, message="not everything pushed"
+        )
+        assert collector.seqs == list(range(1, 1001))  # once each, in order
+
+        async def cursor_at_head() -> bool:  # the gateway keeps the durable cursor
+            return await log.cursor(C, CURSOR_NAME) == 1000
+
+        await async_wait_for(cursor_at_head, timeout=20, message="cursor never reached the head")
+        # A collection the detecting publisher registers later.
+        later = "example.org-c2-capabilitylist-5ca1e001"
+        await log.register(later, "http://example.org/c2/capabilitylist.xml")
+        body = json.loads(payloads(1, 1)[0])
+        body["collection"] = later
+        await log.append(later, [envelope.dumps(body)], expected_head=0, checkpoint="c")
+        await async_wait_for(lambda: len(collector.seqs) >= 1001, timeout=20)
+        assert collector.seqs[-1] == 1
+    finally:
+        await gateway.stop()
+        await log.close()
+        collector.close()
+
+
+def test_mqtt_only_without_a_shared_log_or_a_broker_is_a_clear_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for extra in (["--mqtt", "mqtt://127.0.0.1:1"], ["--redis", "redis://127.0.0.1:1/0"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "rsnotify.cli", "publish", str(tmp_path), "--mqtt-only", *extra],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2
+        assert "--mqtt-only pushes a shared log" in result.stdout

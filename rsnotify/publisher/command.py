@@ -102,6 +102,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="gateway mode: serve WebSocket clients from the shared Redis log, detect nothing",
     )
     push.add_argument(
+        "--mqtt-only",
+        action="store_true",
+        help="gateway mode: push the shared Redis log over --mqtt, detect nothing (run the "
+        "detecting publisher without --mqtt; the two then use two cores)",
+    )
+    push.add_argument(
         "--websub",
         metavar="HOST:PORT",
         help="run a WebSub hub here (ResourceSync Change Notification): topic per "
@@ -163,6 +169,15 @@ def run(args: argparse.Namespace) -> int:
     if args.ws_only and not args.redis:
         print("rsnotify publish: --ws-only serves from a shared log and needs --redis", flush=True)
         return 2
+    if args.mqtt_only and (
+        args.ws_only or args.ws or args.websub or not (args.redis and args.mqtt)
+    ):
+        print(
+            "rsnotify publish: --mqtt-only pushes a shared log: it needs --redis and --mqtt, "
+            "and serves no --ws or --websub (run those in another process)",
+            flush=True,
+        )
+        return 2
     if (args.ws_cert or args.ws_key) and not (args.ws and args.ws_cert):
         print("rsnotify publish: --ws-cert/--ws-key need --ws, --ws-key a --ws-cert", flush=True)
         return 2
@@ -179,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         mqtt=args.mqtt,
         ws=args.ws,
         ws_only=args.ws_only,
+        mqtt_only=args.mqtt_only,
         poll=args.poll,
         watch=args.watch,
         topic_prefix=args.topic_prefix,
@@ -206,4 +222,10 @@ def run(args: argparse.Namespace) -> int:
         websub_lease=args.websub_lease,
         websub_retry_max=args.websub_retry_max,
     )
+    import os
+
+    if os.environ.get("RSNOTIFY_EXPERIMENT_UVLOOP"):
+        import uvloop
+
+        return uvloop.run(service.run(config))
     return asyncio.run(service.run(config))

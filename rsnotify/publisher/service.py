@@ -53,6 +53,7 @@ T = TypeVar("T")
 # after the read instead of after the whole parse (~0.7 s), and the event
 # loop (PUBACKs, WebSocket clients) is never held longer than that.
 DETECT_CHUNK = 2_000
+COLLECTION_REFRESH = 5.0  # seconds between reads of the log's collection list (--mqtt-only)
 
 
 @dataclass(slots=True)
@@ -65,6 +66,7 @@ class PublisherConfig:
     mqtt: str | None = None
     ws: str | None = None  # HOST:PORT
     ws_only: bool = False
+    mqtt_only: bool = False  # gateway mode: push the shared log over MQTT, detect nothing
     poll: float = 1.0
     watch: bool = False
     topic_prefix: str = "resourcesync"
@@ -223,9 +225,11 @@ class Publisher:
             )
         if config.ha and not config.redis:
             raise RsNotifyError("--ha elects a leader through Redis: give --redis")
-        if not config.ws_only:
+        if config.mqtt_only and (config.ws_only or not config.redis or not config.mqtt):
+            raise RsNotifyError("--mqtt-only pushes a shared log: give --redis and --mqtt")
+        if not (config.ws_only or config.mqtt_only):
             await self._setup_collections()
-        if config.report:  # telemetry for `rsnotify dashboard` (see rsnotify.report)
+        if config.report and not config.mqtt_only:  # telemetry for `rsnotify dashboard`
             self._tasks.append(asyncio.create_task(PublisherReporter(config.report, self).run()))
         await self._start_gateway()
         if config.ws_only:
@@ -233,9 +237,13 @@ class Publisher:
         if config.ha:
             from .leader import LeaderElection
 
+            group = config.ha_group or collection_id(config.source)
             self._election = LeaderElection(
                 config.redis,  # type: ignore[arg-type]
-                group=config.ha_group or collection_id(config.source),
+                # The pushers of a split deployment elect their own leader: one
+                # sharing the detecting publishers' group could win their lease
+                # and stop detection.
+                group=f"{group}/mqtt" if config.mqtt_only else group,
                 owner=config.publisher_id,
                 ttl=config.lease_ttl,
                 retry=min(0.5, config.lease_ttl / 4),
@@ -274,6 +282,9 @@ class Publisher:
         """Detection, the MQTT pusher and maintenance: what only the leader runs."""
         self.is_leader = True
         self._start_pusher()
+        if self.config.mqtt_only:
+            self._leading.append(asyncio.create_task(self._follow_collections()))
+            return
         for collection in self.collections.values():
             self._leading.append(asyncio.create_task(self._watch(collection)))
         self._leading.append(asyncio.create_task(self._maintain()))
@@ -299,6 +310,31 @@ class Publisher:
             for collection in self.collections:
                 self._mqtt.add_collection(collection)
             self._leading.append(asyncio.create_task(self._mqtt.run()))
+
+    async def _follow_collections(self) -> None:
+        """``--mqtt-only``: push every collection the shared log holds, new ones included.
+
+        The detecting publisher registers a collection in the log before it
+        appends to it, so a collection is found at most
+        :data:`COLLECTION_REFRESH` seconds after it appears.
+        """
+        assert self.log is not None
+        wanted = set(self.config.collections)
+        known: set[str] = set()
+        while not self._stopping.is_set():
+            try:
+                found = await self.log.collections()
+            except LogUnavailable as exc:
+                log.warning("cannot read the collection list: %s", exc)
+                found = {}
+            for cid, capability_list in sorted(found.items()):
+                if cid in known or (wanted and cid not in wanted and capability_list not in wanted):
+                    continue
+                known.add(cid)
+                if self._mqtt is not None:
+                    self._mqtt.add_collection(cid)
+                log.info("pushing %s (%s)", cid, capability_list, extra={"collection": cid})
+            await self._sleep(COLLECTION_REFRESH)
 
     async def _start_gateway(self) -> None:
         """The WebSocket gateway serves from the log: every instance may run one."""
