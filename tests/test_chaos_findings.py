@@ -22,6 +22,20 @@ from rsnotify.subscriber.sync import CollectionSync, _Pending
 from .test_applier import Env, Source
 
 
+async def _full_disk(path: Path) -> CursorStore:
+    """A cursor store whose every save fails the way a full disk does (a real SQLite error)."""
+    cursors = CursorStore(path)
+    assert await cursors.get("x") is None  # the schema exists now
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TRIGGER full BEFORE INSERT ON cursor "
+        "BEGIN SELECT RAISE(FAIL, 'database or disk is full'); END"
+    )
+    db.commit()
+    db.close()
+    return cursors
+
+
 @pytest.mark.timeout(30)
 async def test_a_cursor_that_cannot_be_saved_stops_the_engine_instead_of_hanging(
     tmp_path: Path,
@@ -34,17 +48,8 @@ async def test_a_cursor_that_cannot_be_saved_stops_the_engine_instead_of_hanging
     stops the pipeline like any local failure, so the engine restarts from its
     durable cursor.  The failing save is a real SQLite error (a trigger).
     """
-    path = tmp_path / "cursor.sqlite3"
-    cursors = CursorStore(path)
+    cursors = await _full_disk(tmp_path / "cursor.sqlite3")
     try:
-        assert await cursors.get("c") is None  # the schema exists now
-        db = sqlite3.connect(path)
-        db.execute(
-            "CREATE TRIGGER full BEFORE INSERT ON cursor "
-            "BEGIN SELECT RAISE(FAIL, 'database or disk is full'); END"
-        )
-        db.commit()
-        db.close()
         engine = CollectionSync(
             collection="c",
             capability_list="http://example.org/c/capabilitylist.xml",
@@ -86,20 +91,6 @@ def _engine(name: str, applier: Applier, cursors: CursorStore) -> CollectionSync
         cursors=cursors,
         detector=GapDetector(),
     )
-
-
-async def _full_disk(path: Path) -> CursorStore:
-    """A cursor store whose every save fails the way a full disk does (a real SQLite error)."""
-    cursors = CursorStore(path)
-    assert await cursors.get("x") is None  # the schema exists now
-    db = sqlite3.connect(path)
-    db.execute(
-        "CREATE TRIGGER full BEFORE INSERT ON cursor "
-        "BEGIN SELECT RAISE(FAIL, 'database or disk is full'); END"
-    )
-    db.commit()
-    db.close()
-    return cursors
 
 
 @pytest.mark.timeout(60)
