@@ -30,17 +30,25 @@ Throughput
 Latency
     A driver process (the simulator's ``Site``/``DiskWriter``) pre-fills the
     open Change List with 1,000 or 50,000 entries, then makes 200 changes/s,
-    writing the directory every ``flush interval`` (50 ms, about 10 changes a
-    write).  The interval is the same for both sizes on purpose: rewriting the
-    16 MB list costs the writer some 35 ms, so a shorter one would give the
-    large list bigger batches, and batch size, not list size, would decide the
-    comparison.  ``rsnotify publish --watch`` (the CLI) reacts to file-system
+    writing the directory every ``flush interval`` (100 ms, 20 changes a
+    write).  The interval is the same for both sizes on purpose, and long
+    enough for the 16 MB rewrite of the large list: a write that overruns the
+    interval skips to the next tick, giving the large list bigger batches,
+    and then batch size, not list size, decides the comparison (with 50 ms
+    this machine's writer took 60-70% of a core and wrote 20 changes a time
+    against the small list's 10; the bench warns when the sizes differ).
+    ``rsnotify publish --watch`` (the CLI) reacts to file-system
     notifications.  The driver stamps the wall time just before each atomic
     rename of the Change List, so every notification gets: *write -> MQTT
     received* (the publisher's whole job: notice, read the appended bytes,
     parse, log, publish, broker hop; the headline figure), *change datetime ->
     received* (adds the Source's own write delay), and the publisher's stamps
     *write -> detected -> published -> received* for where the time goes.
+    The "50,000 not slower than 1,000" check is on *write -> published*, the
+    issue's detection-to-publish: the broker hop after it is Mosquitto and
+    this bench's subscriber, which the large list's writer (a 16 MB rewrite
+    per flush, 60-70% of a core) slows as a CPU neighbour.  The p99 target
+    stays on the stricter *write -> MQTT received*.
 
 Run ``.venv/bin/python -m bench.publish`` (``--quick`` for a smoke run).  It
 prints tables and PASS/FAIL against the issue's targets, writes
@@ -1037,6 +1045,7 @@ async def run_bare_throughput(
 STAGES = (
     ("write_recv", "Change List written -> MQTT received"),
     ("change_recv", "change datetime -> MQTT received"),
+    ("write_published", "written -> published (detection to publish: the issue's metric)"),
     ("write_detected", "written -> detected (publisher stamp)"),
     ("detected_published", "detected -> published (log + MQTT lane)"),
     ("published_recv", "published -> MQTT received (broker hop)"),
@@ -1105,6 +1114,7 @@ def analyse_latency(
         published = _us(w3cdt.parse(obj["published"])) / 1e6
         out["write_recv"].append(received - at)
         out["change_recv"].append(received - change_us / 1e6)
+        out["write_published"].append(published - at)
         out["write_detected"].append(detected - at)
         out["detected_published"].append(published - detected)
         out["published_recv"].append(received - published)
@@ -1354,14 +1364,19 @@ def _targets(
             }
         )
     if small in pooled and large in pooled:
+        # The comparison is of detection-to-publish: the broker hop
+        # after it is Mosquitto and this bench's subscriber, which the larger
+        # list's writer (a 16 MB rewrite per flush) slows as a CPU neighbour.
+        # The end-to-end figures of both sizes are in the latency table.
         for pct in ("p50_ms", "p99_ms"):
-            base = pooled[small]["stages"]["write_recv"][pct]
-            value = pooled[large]["stages"]["write_recv"][pct]
+            base = pooled[small]["stages"]["write_published"][pct]
+            value = pooled[large]["stages"]["write_published"][pct]
             limit = base + max(NOISE_ABS_MS, NOISE_REL * base) if base is not None else None
             targets.append(
                 {
-                    "name": f"{pct[:3]} at {large:,} entries not slower than at {small:,} "
-                    f"(ms; {small:,}: {base:.2f} + noise)" if base is not None else pct,
+                    "name": f"{pct[:3]} detection to publish at {large:,} entries not slower "
+                    f"than at {small:,} (ms; {small:,}: {base:.2f} + noise)"
+                    if base is not None else pct,
                     "value": value,
                     "op": "<=",
                     "threshold": round(limit, 2) if limit is not None else None,
@@ -1558,7 +1573,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--flush-interval",
         type=float,
-        default=0.05,
+        default=0.1,
         help="latency: Source write interval (s); the same for every list size",
     )
     ap.add_argument(
@@ -1612,6 +1627,16 @@ def main(argv: list[str] | None = None) -> int:
         print_latency(latency, opts.rate)
     small, large = min(opts.sizes), max(opts.sizes)
     targets = _targets(throughput, latency, small, large)
+    per_write = {
+        r["prefill"]: r["changes"] / max(1, r["flushes"]) for r in latency if r["run"] == "all"
+    }
+    ratio = per_write.get(large, 0.0) / per_write.get(small, 1.0)
+    if small in per_write and large in per_write and ratio > 1.25:
+        print(
+            f"\nwarning: the {large:,}-entry list was written {per_write[large]:.1f} changes "
+            f"at a time against {per_write[small]:.1f}: its writer overran the flush "
+            "interval, so batch size weighs in the comparison (try a longer --flush-interval)"
+        )
     print()
     for t in targets:
         value = "-" if t["value"] is None else f"{t['value']:.2f}"
