@@ -228,3 +228,49 @@ async def test_hub_links_are_written_into_a_directory_sources_capability_list(
         assert isinstance(document, CapabilityList)
         assert [h.href for h in document.hubs] == [f"ws://127.0.0.1:{port}/{cid}"]
         assert document.up is not None  # the rest of the document is kept
+
+
+async def test_a_publisher_whose_mqtt_push_runs_elsewhere_still_advertises_the_broker(
+    tmp_path: Path,
+) -> None:
+    """``--mqtt-hub``: the detecting half of a split deployment names the gateway's broker."""
+    from rsnotify import sitemap
+    from rsnotify.model import CapabilityList
+
+    site = tmp_path / "site"
+    async with (
+        simulator(paused=True, dir=site, base_url="http://source.test/") as _,
+        publisher(
+            source=str(site),
+            state_dir=str(tmp_path / "state"),
+            mqtt_hub="mqtt://broker.example.org:1883",
+            topic_prefix="rs",
+        ) as pub,
+    ):
+        cid = await only_collection(pub)
+        href = f"mqtt://broker.example.org:1883/rs/{cid}/changes"
+        assert pub.hub_links(cid) == [href]
+        assert pub._mqtt is None  # advertised, not pushed
+        pub.write_hub_links()
+        document = sitemap.parse(site / "c1" / "capabilitylist.xml")
+        assert isinstance(document, CapabilityList)
+        assert [h.href for h in document.hubs] == [href]
+
+
+def test_mqtt_hub_with_mqtt_or_a_bad_url_is_a_clear_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cases = {
+        ("--mqtt-hub", "mqtt://b:1883", "--mqtt", "mqtt://b:1883"): "for a publisher without",
+        ("--mqtt-hub", "http://b/"): "--mqtt-hub: ",
+    }
+    for extra, said in cases.items():
+        result = subprocess.run(
+            [sys.executable, "-m", "rsnotify.cli", "publish", str(tmp_path), *extra],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert said in result.stdout

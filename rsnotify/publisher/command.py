@@ -102,6 +102,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="gateway mode: serve WebSocket clients from the shared Redis log, detect nothing",
     )
     push.add_argument(
+        "--mqtt-hub",
+        metavar="URL",
+        help="advertise this broker's channels (rs:ln rel=hub) without pushing to it: "
+        "an --mqtt-only gateway does the pushing",
+    )
+    push.add_argument(
         "--mqtt-only",
         action="store_true",
         help="gateway mode: push the shared Redis log over --mqtt, detect nothing (run the "
@@ -178,6 +184,17 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 2
+    if args.mqtt_hub:
+        from ..transport.mqtturl import InvalidBrokerURL, parse_broker_url
+
+        if args.mqtt or args.mqtt_only:
+            print("rsnotify publish: --mqtt-hub is for a publisher without --mqtt", flush=True)
+            return 2
+        try:
+            parse_broker_url(args.mqtt_hub)
+        except InvalidBrokerURL as exc:
+            print(f"rsnotify publish: --mqtt-hub: {exc}", flush=True)
+            return 2
     if (args.ws_cert or args.ws_key) and not (args.ws and args.ws_cert):
         print("rsnotify publish: --ws-cert/--ws-key need --ws, --ws-key a --ws-cert", flush=True)
         return 2
@@ -195,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         ws=args.ws,
         ws_only=args.ws_only,
         mqtt_only=args.mqtt_only,
+        mqtt_hub=args.mqtt_hub,
         poll=args.poll,
         watch=args.watch,
         topic_prefix=args.topic_prefix,

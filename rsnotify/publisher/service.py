@@ -67,6 +67,7 @@ class PublisherConfig:
     ws: str | None = None  # HOST:PORT
     ws_only: bool = False
     mqtt_only: bool = False  # gateway mode: push the shared log over MQTT, detect nothing
+    mqtt_hub: str | None = None  # advertise this broker, pushed to by an --mqtt-only gateway
     poll: float = 1.0
     watch: bool = False
     topic_prefix: str = "resourcesync"
@@ -406,10 +407,11 @@ class Publisher:
         """The ``rs:ln rel="hub"`` hrefs Destinations need to find this collection's channels."""
         hrefs = []
         config = self.config
-        if config.mqtt:
+        broker_url = config.mqtt or config.mqtt_hub
+        if broker_url:
             from ..transport.mqtturl import parse_broker_url
 
-            broker = parse_broker_url(config.mqtt)
+            broker = parse_broker_url(broker_url)
             host = f"[{broker.host}]" if ":" in broker.host else broker.host
             hrefs.append(
                 f"{broker.scheme}://{host}:{broker.port}/{config.topic_prefix}/{collection}/changes"
