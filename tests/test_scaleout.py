@@ -227,3 +227,45 @@ def test_mqtt_only_without_a_shared_log_or_a_broker_is_a_clear_error(tmp_path: P
         )
         assert result.returncode == 2
         assert "--mqtt-only pushes a shared log" in result.stdout
+
+
+async def test_mqtt_only_gateways_elect_a_leader_of_their_own_beside_the_detecting_publishers(
+    tmp_path: Path, redis_server: Redis, mosquitto_factory: Callable[..., Mosquitto]
+) -> None:
+    """``--ha`` on both halves of a split deployment, with one ``--ha-group``.
+
+    Had the gateway campaigned in the detecting publishers' group, one of
+    the two would never lead: either detection or the MQTT push would stop.
+    """
+    from tests.helpers import running_simulator
+
+    broker = mosquitto_factory()
+    site = tmp_path / "site"
+    common = dict(redis=redis_server.url, ha=True, ha_group="one-source", lease_ttl=1.0)
+    async with running_simulator(paused=True, dir=site, base_url="http://source.test/") as _:
+        detecting = Publisher(
+            PublisherConfig(source=str(site), state_dir=str(tmp_path / "s1"), **common)
+        )
+        gateway = Publisher(
+            PublisherConfig(
+                source=str(site),
+                state_dir=str(tmp_path / "s2"),
+                mqtt=broker.url,
+                mqtt_only=True,
+                **common,
+            )
+        )
+        try:
+            await detecting.start()
+            await gateway.start()
+            await async_wait_for(
+                lambda: detecting.is_leader and gateway.is_leader,
+                timeout=20,
+                message=lambda: (
+                    f"leaders: detecting {detecting.is_leader}, gateway {gateway.is_leader}"
+                ),
+            )
+            assert gateway._mqtt is not None and detecting._mqtt is None
+        finally:
+            await gateway.stop()
+            await detecting.stop()
