@@ -240,10 +240,4 @@ def run(args: argparse.Namespace) -> int:
         websub_lease=args.websub_lease,
         websub_retry_max=args.websub_retry_max,
     )
-    import os
-
-    if os.environ.get("RSNOTIFY_EXPERIMENT_UVLOOP"):
-        import uvloop
-
-        return uvloop.run(service.run(config))
     return asyncio.run(service.run(config))
