@@ -847,10 +847,12 @@ class MqttPusher:
                 attempted = self._epoch
                 await self._publish_heads(attempted)
             deadline = loop.time() + self.heartbeat
-            # Heads wanted while disconnected wait for the connection: testing
-            # only the flag spun this loop without ever yielding (a collection
-            # added before the first CONNACK), and the connection never came.
-            while loop.time() < deadline and not (self._heads_wanted and self._connected):
+            # Heads wanted while disconnected (or stopping) wait: testing only
+            # the flag spun this loop without ever yielding (a collection added
+            # before the first CONNACK), and the connection never came.
+            while loop.time() < deadline and not (
+                self._heads_wanted and self._connected and not self._stopping
+            ):
                 if self._connected and self._epoch != attempted:
                     break  # a new connection: heads right away
                 await self._pulse.wait(deadline - loop.time())
