@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rsnotify.errors import RsNotifyError
+from rsnotify.spare import SparePool
 from rsnotify.subscriber.mirror import (
     INDEX_NAME,
     TEMP_PREFIX,
@@ -522,9 +523,28 @@ def test_cleanup_temp_only_removes_temp_files(tmp_path: Path) -> None:
 # --- in-memory writes (write_bytes) ------------------------------------------------
 
 
-async def test_write_bytes_verifies_before_touching_the_file(tmp_path: Path) -> None:
+MirrorFactory = Callable[[Path], Mirror]
+
+
+@pytest.fixture(params=["new temp files", "spare inodes"])
+def new_mirror(request: pytest.FixtureRequest, tmp_path: Path) -> MirrorFactory:
+    """Mirrors whose batched writes use fresh temp files, or the spare pool (both must hold)."""
+
+    def make(root: Path) -> Mirror:
+        if request.param == "new temp files":
+            return Mirror(root)
+        mirror = Mirror(root, spare_dir=tmp_path.parent / f"{tmp_path.name}-spare")
+        assert mirror.spares is not None and mirror.spares.enabled
+        return mirror
+
+    return make
+
+
+async def test_write_bytes_verifies_before_touching_the_file(
+    tmp_path: Path, new_mirror: MirrorFactory
+) -> None:
     """The one-job path keeps every rule of write_atomic: fixity first, atomic, no temp."""
-    mirror = Mirror(tmp_path / "m")
+    mirror = new_mirror(tmp_path / "m")
     path = mirror.path_for("http://s/dir/ü file.txt")
     written = await mirror.write_bytes(path, b"old")
     assert path.read_bytes() == b"old"
@@ -547,10 +567,12 @@ async def test_write_bytes_verifies_before_touching_the_file(tmp_path: Path) -> 
     assert temp_files(mirror.root) == []
 
 
-async def test_write_bytes_refuses_symlinks_conflicts_and_outside_paths(tmp_path: Path) -> None:
+async def test_write_bytes_refuses_symlinks_conflicts_and_outside_paths(
+    tmp_path: Path, new_mirror: MirrorFactory
+) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
-    mirror = Mirror(tmp_path / "m")
+    mirror = new_mirror(tmp_path / "m")
     (mirror.root / "http" / "s").mkdir(parents=True)
     (mirror.root / "http" / "s" / "docs").symlink_to(outside, target_is_directory=True)
     with pytest.raises(SymlinkInMirror):
@@ -568,9 +590,11 @@ async def test_write_bytes_refuses_symlinks_conflicts_and_outside_paths(tmp_path
     assert temp_files(mirror.root) == []
 
 
-async def test_write_bytes_finishes_when_its_caller_is_cancelled(tmp_path: Path) -> None:
+async def test_write_bytes_finishes_when_its_caller_is_cancelled(
+    tmp_path: Path, new_mirror: MirrorFactory
+) -> None:
     """Once handed to the worker the write completes; settle() waits for it."""
-    mirror = Mirror(tmp_path)
+    mirror = new_mirror(tmp_path)
     path = mirror.path_for("http://s/c")
     task = asyncio.create_task(mirror.write_bytes(path, b"data"))
     await asyncio.sleep(0)  # let the task submit its job
@@ -582,9 +606,11 @@ async def test_write_bytes_finishes_when_its_caller_is_cancelled(tmp_path: Path)
     assert temp_files(mirror.root) == []
 
 
-async def test_many_concurrent_writes_into_one_directory(tmp_path: Path) -> None:
+async def test_many_concurrent_writes_into_one_directory(
+    tmp_path: Path, new_mirror: MirrorFactory
+) -> None:
     """Directory fsyncs are shared between concurrent renames; every file still lands."""
-    mirror = Mirror(tmp_path)
+    mirror = new_mirror(tmp_path)
     bodies = {f"http://s/res/r{i}": os.urandom(100 + i) for i in range(200)}
     await asyncio.gather(
         *(mirror.write_bytes(mirror.path_for(loc), body) for loc, body in bodies.items()),
@@ -714,9 +740,9 @@ def test_a_failed_shared_directory_fsync_fails_every_caller_it_covered(
         os.close(fd)
 
 
-async def test_a_batch_fails_only_its_bad_writes(tmp_path: Path) -> None:
+async def test_a_batch_fails_only_its_bad_writes(tmp_path: Path, new_mirror: MirrorFactory) -> None:
     """Writes queued together share a batch; a mismatch or conflict fails only itself."""
-    mirror = Mirror(tmp_path)
+    mirror = new_mirror(tmp_path)
     await mirror.write_bytes(mirror.path_for("http://s/d/e"), b"x")  # d is a directory
     good = {f"http://s/res/r{i}": f"body {i}".encode() for i in range(20)}
     wrong = {"md5": hashlib.md5(b"something else").hexdigest()}
@@ -737,7 +763,7 @@ async def test_a_batch_fails_only_its_bad_writes(tmp_path: Path) -> None:
 
 
 async def test_a_batched_write_returns_only_once_durable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, new_mirror: MirrorFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Per file: fsync of the bytes, then rename, then a directory fsync, then "written".
 
@@ -762,9 +788,18 @@ async def test_a_batched_write_returns_only_once_durable(
         with lock:
             trace.append(("rename", (info.st_dev, info.st_ino)))
 
+    real_install = SparePool.install
+
+    def install(self: SparePool, slot: str, dir_fd: int | None, name: str) -> None:
+        real_install(self, slot, dir_fd, name)  # the swap that stands for the rename
+        info = os.stat(name, dir_fd=dir_fd)
+        with lock:
+            trace.append(("rename", (info.st_dev, info.st_ino)))
+
     monkeypatch.setattr(module.os, "fsync", fsync)
     monkeypatch.setattr(module.os, "replace", replace)
-    mirror = Mirror(tmp_path)
+    monkeypatch.setattr(SparePool, "install", install)
+    mirror = new_mirror(tmp_path)
     locs = [f"http://s/res/r{i}" for i in range(30)]
     returned: dict[str, int] = {}
 
@@ -788,9 +823,9 @@ async def test_a_batched_write_returns_only_once_durable(
         assert synced < renamed < dir_synced < returned[loc], loc
 
 
-async def test_deletes_share_batches_with_writes(tmp_path: Path) -> None:
+async def test_deletes_share_batches_with_writes(tmp_path: Path, new_mirror: MirrorFactory) -> None:
     """Deletes queued beside writes: each reports as before, and queue order holds per path."""
-    mirror = Mirror(tmp_path)
+    mirror = new_mirror(tmp_path)
     for name in ("old", "both"):
         await mirror.write_bytes(mirror.path_for(f"http://s/r/{name}"), b"x")
     await mirror.write_bytes(mirror.path_for("http://s/r/dir/inner"), b"x")
@@ -811,9 +846,11 @@ async def test_deletes_share_batches_with_writes(tmp_path: Path) -> None:
     assert temp_files(mirror.root) == []
 
 
-async def test_writes_of_one_path_keep_their_order_across_batches(tmp_path: Path) -> None:
+async def test_writes_of_one_path_keep_their_order_across_batches(
+    tmp_path: Path, new_mirror: MirrorFactory
+) -> None:
     """Batches run concurrently, but a path in flight holds back its later writes."""
-    mirror = Mirror(tmp_path)
+    mirror = new_mirror(tmp_path)
     path = mirror.path_for("http://s/r/hot")
     others = [mirror.write_bytes(mirror.path_for(f"http://s/r/o{i}"), b"o") for i in range(40)]
     hot = [mirror.write_bytes(path, f"v{i}".encode()) for i in range(12)]

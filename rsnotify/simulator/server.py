@@ -258,6 +258,7 @@ class Simulator:
         self._tasks.clear()
         if self.writer is not None:
             await self.writer.flush(self.now())
+            self.writer.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

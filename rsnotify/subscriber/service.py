@@ -167,7 +167,9 @@ class Subscriber:
         Path(config.into).mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock.acquire()
-        mirror = Mirror(config.into)
+        # Retired inodes wait in the state directory, beside the mirror and
+        # (by default) on its filesystem, never inside the mirror itself.
+        mirror = Mirror(config.into, spare_dir=self.state_dir / "spare")
         removed = mirror.cleanup_temp()
         if removed:
             log.info("removed %d temporary file(s) left by an interrupted write", removed)

@@ -1,0 +1,162 @@
+"""Spare inodes: replaces swap a retired inode in, never rewriting one anybody can still see."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+
+from rsnotify.spare import SLOT_PREFIX, SparePool, fill
+
+
+def replace(pool: SparePool, target: Path, body: bytes) -> None:
+    taken = pool.open()
+    assert taken is not None, pool.reason
+    slot, fd = taken
+    try:
+        fill(fd, body)
+    finally:
+        os.close(fd)
+    pool.install(slot, None, str(target))
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> SparePool:
+    (tmp_path / "root").mkdir()
+    spares = SparePool(tmp_path / "spare", tmp_path / "root")
+    assert spares.enabled, spares.reason
+    return spares
+
+
+def test_replaces_alternate_between_two_inodes(pool: SparePool, tmp_path: Path) -> None:
+    target = tmp_path / "root" / "a"
+    target.write_bytes(b"v0")
+    inodes = set()
+    for i in range(1, 7):
+        replace(pool, target, f"v{i}".encode())
+        assert target.read_bytes() == f"v{i}".encode()
+        inodes.add(target.stat().st_ino)
+    assert len(inodes) == 2  # the file's own first inode and one spare, swapped back and forth
+    assert pool.allocated == 1 and pool.reused == 5
+    assert [p.name for p in (tmp_path / "root").iterdir()] == ["a"]
+
+
+def test_an_open_old_version_is_never_rewritten(pool: SparePool, tmp_path: Path) -> None:
+    target = tmp_path / "root" / "a"
+    target.write_bytes(b"old version")
+    with open(target, "rb") as reader:
+        for i in range(4):
+            replace(pool, target, f"new {i}".encode())
+        assert reader.read() == b"old version"
+    assert target.read_bytes() == b"new 3"
+
+
+def test_a_mapped_old_version_is_never_rewritten(pool: SparePool, tmp_path: Path) -> None:
+    target = tmp_path / "root" / "a"
+    target.write_bytes(b"mapped bytes")
+    with open(target, "rb") as handle:
+        view = mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ)
+    try:  # the descriptor is closed; only the mapping holds the old inode
+        for i in range(4):
+            replace(pool, target, f"new {i}".encode())
+        assert view[:] == b"mapped bytes"
+    finally:
+        view.close()
+
+
+def test_a_hard_linked_old_version_is_never_rewritten(pool: SparePool, tmp_path: Path) -> None:
+    target = tmp_path / "root" / "a"
+    target.write_bytes(b"snapshot")
+    os.link(target, tmp_path / "snapshot-of-a")  # as rsync --link-dest does
+    for i in range(4):
+        replace(pool, target, f"new {i}".encode())
+    assert (tmp_path / "snapshot-of-a").read_bytes() == b"snapshot"
+    assert target.read_bytes() == b"new 3"
+
+
+def test_a_chmodded_file_is_not_reused_for_another(pool: SparePool, tmp_path: Path) -> None:
+    target = tmp_path / "root" / "a"
+    target.write_bytes(b"private")
+    target.chmod(0o600)
+    replace(pool, target, b"v1")  # the 0600 inode is now the spare
+    other = tmp_path / "root" / "b"
+    other.write_bytes(b"b0")
+    replace(pool, other, b"b1")
+    assert other.stat().st_mode & 0o777 == pool._mode  # not 0600
+    assert pool.reused == 0
+
+
+def test_new_names_directories_and_symlinks(pool: SparePool, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    replace(pool, root / "new", b"created")  # nothing to swap with: a rename
+    assert (root / "new").read_bytes() == b"created"
+
+    (root / "dir").mkdir()
+    (root / "dir" / "inner").write_bytes(b"keep")
+    taken = pool.open()
+    assert taken is not None
+    slot, fd = taken
+    os.write(fd, b"x")
+    os.close(fd)
+    with pytest.raises(IsADirectoryError):
+        pool.install(slot, None, str(root / "dir"))
+    assert (root / "dir" / "inner").read_bytes() == b"keep"
+    assert {p.name for p in (tmp_path / "spare").iterdir()} == {slot}  # not the directory
+
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"not followed")
+    (root / "link").symlink_to(outside)
+    replace(pool, root / "link", b"a file now")
+    assert not (root / "link").is_symlink() and (root / "link").read_bytes() == b"a file now"
+    assert outside.read_bytes() == b"not followed"
+    assert not any(p.is_symlink() for p in (tmp_path / "spare").iterdir())
+
+
+def test_retire_moves_a_deleted_file_into_the_pool(pool: SparePool, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "gone").write_bytes(b"deleted resource")
+    assert pool.retire(None, str(root / "gone")) is True
+    assert not (root / "gone").exists()
+    assert pool.retire(None, str(root / "gone")) is False  # nothing there any more
+    (root / "dir").mkdir()
+    assert pool.retire(None, str(root / "dir")) is None  # the caller decides (kept)
+    (root / "link").symlink_to(root / "dir")
+    assert pool.retire(None, str(root / "link")) is None  # the caller unlinks it
+    replace(pool, root / "fresh", b"reuses the deleted inode")
+    assert pool.reused == 1 and pool.allocated == 0
+    assert (root / "fresh").read_bytes() == b"reuses the deleted inode"
+
+
+def test_slots_are_bounded_and_adopted_after_a_restart(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    pool = SparePool(tmp_path / "spare", tmp_path / "root", capacity=2)
+    held = [pool.open(), pool.open()]
+    assert all(held) and pool.open() is None  # every slot is in use: make a temp file
+    for taken in held:
+        assert taken is not None
+        os.close(taken[1])
+        pool.release(taken[0])
+    pool.close()
+    again = SparePool(tmp_path / "spare", tmp_path / "root", capacity=2)
+    replace(again, tmp_path / "root" / "a", b"a")
+    assert again.reused == 1  # a file the previous process left in a slot
+    assert all(p.name.startswith(SLOT_PREFIX) for p in (tmp_path / "spare").iterdir())
+
+
+def test_off_across_filesystems(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the temp directory")
+    spare = shm / f"rsnotify-test-{os.getpid()}"
+    pool = SparePool(spare, tmp_path)
+    try:
+        assert not pool.enabled and pool.open() is None
+        assert "cross-device" in pool.reason.lower()
+        assert pool.retire(None, str(tmp_path / "x")) is None
+        assert list(tmp_path.iterdir()) == []  # the probe cleaned up after itself
+    finally:
+        for leftover in spare.iterdir():
+            leftover.unlink()
+        spare.rmdir()
