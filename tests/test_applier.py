@@ -716,6 +716,32 @@ async def test_different_resources_run_concurrently_up_to_the_limit(
     assert source.max_in_flight == limit
 
 
+async def test_deletes_waiting_for_the_disk_hold_no_transfer_slot(
+    env: Env, source: Source, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete waits for the mirror's next write batch; fetches must not wait behind it.
+
+    At 1,000 changes/s a fifth of them deletes, each holding one of 16 transfer
+    slots for a batch's tens of milliseconds, left the fetches too few slots.
+    """
+    disk = asyncio.Event()
+    real_delete = env.mirror.delete
+
+    async def slow_delete(path: Path | str) -> bool:
+        await disk.wait()  # a write batch that takes its time
+        return await real_delete(path)
+
+    monkeypatch.setattr(env.mirror, "delete", slow_delete)
+    source.files["/kept"] = b"kept"
+    applier = env.applier(concurrency=1)
+    deletes = [applier.submit(env.note(f"/gone/{i}", "deleted")) for i in range(3)]
+    fetched = applier.submit(env.note("/kept", body=b"kept"))
+    assert await asyncio.wait_for(fetched, 10) is Outcome.APPLIED
+    assert not any(d.done() for d in deletes)
+    disk.set()
+    assert await asyncio.wait_for(asyncio.gather(*deletes), 10) == [Outcome.DELETED] * 3
+
+
 async def test_drain_with_nothing_pending_returns(env: Env) -> None:
     applier = env.applier()
     await asyncio.wait_for(applier.drain(), 1)

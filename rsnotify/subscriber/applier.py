@@ -14,10 +14,10 @@ catching up) becomes bytes on the Destination's disk.  Its guarantees:
 * **Per-resource order.**  :meth:`Applier.submit` chains the changes of one
   ``loc`` so they run strictly in submission order; different resources run
   concurrently, at most ``concurrency`` transfers (fetch, or fetch and write
-  for a large or unsized resource, or delete) at a time.  A small resource's
-  bytes then wait, outside the slot, for the mirror's next batched write
-  (at most ``HELD_BODIES`` of them).  A change waiting out a retry backoff
-  holds no slot.
+  for a large or unsized resource) at a time.  A small resource's bytes then
+  wait, outside the slot, for the mirror's next batched write, as deletes
+  do (at most ``HELD_BODIES`` of the two together).  A change waiting out a
+  retry backoff holds no slot.
 * **Nothing unverified replaces anything.**  Bytes are streamed to a temp file
   and hashed as they arrive; advertised length and hashes are checked before
   the rename (see :mod:`.mirror`).  A mismatch is retried with backoff and
@@ -484,7 +484,10 @@ class Applier:
             return Outcome.RECORDED
         if view.change is ChangeType.DELETED:
             try:
-                async with self._semaphore:
+                # Not a transfer slot: a delete waits for the mirror's next
+                # write batch (tens of ms at 1,000 changes/s), and deletes
+                # holding transfer slots for that long starved the fetches.
+                async with self._held:
                     removed = await self.mirror.delete(path)
             except (UnsafePath, PathConflict) as exc:
                 return await self._report(view, change, _path_failure(exc))
