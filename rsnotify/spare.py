@@ -48,18 +48,22 @@ import signal
 import stat
 import sys
 import threading
+import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SparePool", "exchange", "fill", "unshared"]
+__all__ = ["SparePool", "SpareUnusable", "exchange", "fill", "unshared"]
 
 log = logging.getLogger(__name__)
 
 AT_FDCWD = -100
 RENAME_EXCHANGE = 2
 SLOT_PREFIX = "%spare."  # never a name the mirror gives a resource (see mirror.py)
-DEFAULT_CAPACITY = 256
+DEFAULT_CAPACITY = 1024
 FILE_MODE = 0o644  # of new files, before the umask
+MIN_AGE = 1.0  # seconds a retired inode rests before it is rewritten
+MAX_SPARE_BYTES = 64 << 10  # larger retired inodes are not kept (bounded disk use)
 # The lease taken to vet a spare lasts two system calls.  Were somebody to open
 # the spare in between, the kernel would signal the lease holder, SIGIO by
 # default, whose default action ends the process: ask for SIGURG (ignored by
@@ -141,14 +145,38 @@ def fill(fd: int, data: bytes) -> None:
         os.ftruncate(fd, len(data))
 
 
+class SpareUnusable(OSError):
+    """This swap cannot be done here (another filesystem, project quota, no exchange).
+
+    Raised by :meth:`SparePool.install` with the slot handed back: the
+    caller writes a fresh temp file beside the target instead.
+    """
+
+
+_UNUSABLE = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})
+
+
 class SparePool:
     """Retired inodes kept in one private directory for the next replace (thread-safe).
 
-    ``directory`` is created if missing; it must be on the same filesystem as
-    every target, or :attr:`enabled` ends up false (probed once here, by
-    renaming a file from it to ``probe_dir`` and back).  Files already in it
-    from an earlier run are adopted as spares.  At most ``capacity`` slots
-    exist; when all are in use callers fall back to a fresh temp file.
+    ``directory`` is created (mode 0700) if missing; it must be on the same
+    filesystem as every target, or :attr:`enabled` ends up false (probed
+    once here by swapping a file with one in ``probe_dir``).  Regular files
+    already in it from an earlier run are adopted as spares: whatever a
+    crash left, a spare is vetted again before every reuse.
+
+    Spares are reused oldest first and only after :data:`MIN_AGE` seconds,
+    so an ``open()`` of the target that began before a swap has long
+    completed (and so is seen by the lease check) when its old inode is
+    rewritten.  Only inodes up to :data:`MAX_SPARE_BYTES` are kept, at most
+    ``capacity`` slots; a retired inode the pool cannot keep is unlinked, as
+    a plain rename would have freed it.
+
+    A retired inode still named by a directory whose fsync has not returned
+    must not be rewritten: on a filesystem without a journal a crash would
+    leave that directory naming the rewritten inode.  Pass ``settle=False``
+    to :meth:`install` / :meth:`retire` and call :meth:`settle` (or
+    :meth:`forget`, when the fsync failed) with the slot afterwards.
     """
 
     def __init__(
@@ -161,8 +189,9 @@ class SparePool:
         self.directory = Path(directory)
         self.capacity = capacity
         self._lock = threading.Lock()
-        self._filled: list[str] = []  # slots holding a spare inode
-        self._empty: list[str] = []  # slot names free to use, holding nothing
+        self._ready: deque[tuple[float, str]] = deque()  # (retired at, slot), oldest first
+        self._unsettled: set[str] = set()  # retired, their directory not yet fsynced
+        self._empty: list[str] = []  # slot names holding nothing
         self._slots = 0
         self._mode = -1  # what FILE_MODE becomes under the umask (probed)
         self.dir_fd = -1
@@ -174,18 +203,27 @@ class SparePool:
             self.reason = "renameat2 is not available on this system"
             return
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             self._probe(Path(probe_dir))
+            self._adopt()
         except OSError as exc:
             self.reason = f"{self.directory}: {exc.strerror or exc}"
             self.close()
             return
-        for name in sorted(os.listdir(self.dir_fd)):
-            if name.startswith(SLOT_PREFIX) and self._slots < capacity:
-                self._filled.append(name)
-                self._slots += 1
         self.enabled = True
+
+    def _adopt(self) -> None:
+        for name in sorted(os.listdir(self.dir_fd)):
+            if not name.startswith(SLOT_PREFIX) or self._slots >= self.capacity:
+                continue
+            info = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
+            if not stat.S_ISREG(info.st_mode):
+                # Only an interrupted swap-back could leave a directory here.
+                log.error("%s is not a file rsnotify made; left alone", self.directory / name)
+                continue
+            self._ready.append((0.0, name))
+            self._slots += 1
 
     def _probe(self, probe_dir: Path) -> None:
         """Swap a file here with one in ``probe_dir``, then lease one (OSError if any fails).
@@ -224,29 +262,55 @@ class SparePool:
 
     # -- slots ---------------------------------------------------------------------
 
-    def _take(self, *, filled: bool) -> tuple[str, bool] | None:
-        """A slot (a spare one first when ``filled``) and whether it holds a spare.
-
-        None when every slot is in use.
-        """
+    def _take_ready(self) -> str | None:
+        """The oldest spare, if it has rested :data:`MIN_AGE` seconds."""
         with self._lock:
-            if filled and self._filled:
-                return self._filled.pop(), True
-            if self._empty:
-                return self._empty.pop(), False
-            if self._slots < self.capacity:
-                self._slots += 1
-                return f"{SLOT_PREFIX}{secrets.token_hex(6)}", False
+            if self._ready and time.monotonic() - self._ready[0][0] >= MIN_AGE:
+                return self._ready.popleft()[1]
             return None
 
-    def _give_back(self, slot: str, *, filled: bool) -> None:
+    def _take_empty(self) -> str | None:
+        """A slot holding nothing (a new name while under capacity), or None."""
         with self._lock:
-            (self._filled if filled else self._empty).append(slot)
+            if self._empty:
+                return self._empty.pop()
+            if self._slots < self.capacity:
+                self._slots += 1
+                return f"{SLOT_PREFIX}{secrets.token_hex(6)}"
+            return None
+
+    def _give_back(self, slot: str) -> None:
+        """The slot holds nothing (any more)."""
+        with self._lock:
+            self._unsettled.discard(slot)
+            self._empty.append(slot)
+
+    def _rest(self, slot: str) -> None:
+        """The slot holds a retired inode that may be reused after :data:`MIN_AGE`."""
+        with self._lock:
+            self._unsettled.discard(slot)
+            self._ready.append((time.monotonic(), slot))
 
     def _drop(self, slot: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(slot, dir_fd=self.dir_fd)
-        self._give_back(slot, filled=False)
+        self._give_back(slot)
+
+    def settle(self, slot: str) -> None:
+        """The directory that named the slot's inode is durable: the inode may be reused."""
+        self._rest(slot)
+
+    def forget(self, slot: str) -> None:
+        """That directory's fsync failed: never reuse the inode (unlink it, as rename would)."""
+        self._drop(slot)
+
+    def _hold(self, slot: str, settle: bool) -> str | None:
+        if settle:
+            self._rest(slot)
+            return None
+        with self._lock:
+            self._unsettled.add(slot)
+        return slot
 
     # -- replace -------------------------------------------------------------------
 
@@ -261,16 +325,17 @@ class SparePool:
         """
         if not self.enabled:
             return None
-        taken = self._take(filled=True)
-        if taken is None:
-            return None
-        slot, filled = taken
+        slot = self._take_ready()
+        if slot is not None:
+            fd = self._reopen(slot)  # unlinks the spare when it cannot be reused
+            if fd is not None:
+                self.reused += 1
+                return slot, fd
+        else:
+            slot = self._take_empty()
+            if slot is None:
+                return None
         try:
-            if filled:
-                fd = self._reopen(slot)
-                if fd is not None:
-                    self.reused += 1
-                    return slot, fd
             fd = os.open(slot, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                          FILE_MODE, dir_fd=self.dir_fd)  # fmt: skip
         except OSError as exc:
@@ -280,49 +345,68 @@ class SparePool:
         self.allocated += 1
         return slot, fd
 
-    def _reopen(self, slot: str) -> int | None:
-        """Open a spare for rewriting if nobody else sees it; else unlink it (None).
+    def _vetted(self, slot: str) -> int | None:
+        """The slot's inode open for writing if nobody else sees it and it is like a new file.
 
-        It must also be ours and have the mode a new file would get: a spare
-        is a retired mirror file, which a user may have chmod'ed or chown'ed,
-        and the next resource must not inherit that.
+        Ours and with the mode a new file would get: a spare is a retired
+        mirror file, which a user may have chmod'ed or chown'ed, and the
+        next resource must not inherit that.  ``O_NONBLOCK``: an open must
+        not wait out somebody else's lease (Samba, knfsd) on an old inode.
         """
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(slot, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+            fd = os.open(slot, flags, dir_fd=self.dir_fd)
         except OSError:
-            fd = -1
-        if fd >= 0:
-            try:
-                info = os.fstat(fd)
-                if (
-                    info.st_uid == os.geteuid()
-                    and stat.S_IMODE(info.st_mode) == self._mode
-                    and unshared(fd)
-                ):
-                    return fd
-            except OSError:
-                pass
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(slot, dir_fd=self.dir_fd)
+            return None
+        try:
+            info = os.fstat(fd)
+            if (
+                info.st_uid == os.geteuid()
+                and stat.S_IMODE(info.st_mode) == self._mode
+                and info.st_size <= MAX_SPARE_BYTES
+                and unshared(fd)
+            ):
+                os.set_blocking(fd, True)
+                return fd
+        except OSError:
+            pass
+        os.close(fd)
         return None
+
+    def _reopen(self, slot: str) -> int | None:
+        """Open a spare for rewriting (:meth:`_vetted`); else unlink it and return None."""
+        fd = self._vetted(slot)
+        if fd is None:
+            with contextlib.suppress(OSError):
+                os.unlink(slot, dir_fd=self.dir_fd)
+        return fd
 
     def release(self, slot: str) -> None:
         """Hand back a slot from :meth:`open` that was not installed (its file stays a spare)."""
         try:
             info = os.stat(slot, dir_fd=self.dir_fd, follow_symlinks=False)
         except OSError:
-            self._give_back(slot, filled=False)
+            self._give_back(slot)
             return
-        self._give_back(slot, filled=stat.S_ISREG(info.st_mode))
+        if stat.S_ISREG(info.st_mode):
+            self._rest(slot)  # never visible anywhere: no directory to wait for
+        else:
+            self._drop(slot)
 
-    def install(self, slot: str, dir_fd: int | None, name: str) -> None:
-        """Put the filled ``slot`` at ``name`` atomically; its old inode becomes the slot's spare.
+    def install(
+        self, slot: str, dir_fd: int | None, name: str, *, settle: bool = True
+    ) -> str | None:
+        """Put the filled ``slot`` at ``name`` atomically; the old inode becomes the slot's spare.
 
-        Raises :class:`IsADirectoryError` (nothing changed, the slot handed
-        back) when ``name`` is a directory, OSError for anything else (the
-        slot is then handed back too).  A symlink at ``name`` is replaced,
-        never followed, as :func:`os.replace` does.
+        Returns the slot to :meth:`settle` or :meth:`forget` once the
+        target's directory is fsynced, when ``settle`` is false and an old
+        inode was kept; else None.
+
+        Raises :class:`IsADirectoryError` (nothing changed) when ``name`` is a
+        directory, :class:`SpareUnusable` when no swap is possible between the
+        two directories, OSError for anything else; the slot is handed back
+        in each case.  A symlink at ``name`` is replaced, never followed, as
+        :func:`os.replace` does.  ``settle``: see the class.
         """
         try:
             exchange(self.dir_fd, slot, dir_fd, name)
@@ -332,37 +416,58 @@ class SparePool:
             except BaseException:
                 self.release(slot)
                 raise
-            self._give_back(slot, filled=False)
-            return
+            self._give_back(slot)
+            return None
+        except OSError as exc:
+            self.release(slot)
+            if exc.errno in _UNUSABLE:
+                raise SpareUnusable(exc.errno, f"{name}: no swap here ({exc.strerror})") from exc
+            raise
         except BaseException:
             self.release(slot)
             raise
-        self._keep(slot, dir_fd, name)
+        return self._after_swap(slot, dir_fd, name, settle)
 
-    def _keep(self, slot: str, dir_fd: int | None, name: str) -> None:
-        """After a swap: keep a regular file as the slot's spare, undo a directory."""
+    def _after_swap(self, slot: str, dir_fd: int | None, name: str, settle: bool) -> str | None:
+        """Keep a small regular file as the slot's spare; put back a directory; drop the rest."""
         try:
             info = os.stat(slot, dir_fd=self.dir_fd, follow_symlinks=False)
         except OSError:
-            self._give_back(slot, filled=False)
-            return
+            self._give_back(slot)
+            return None
         if stat.S_ISDIR(info.st_mode):
-            # A directory appeared at the target after the caller checked: put
-            # it back (swap again) rather than move other resources out of view.
-            exchange(self.dir_fd, slot, dir_fd, name)
+            # A directory appeared at the target after the caller checked (a
+            # concurrent write below it): swap it straight back.
+            try:
+                exchange(self.dir_fd, slot, dir_fd, name)
+            except OSError as exc:
+                log.error(
+                    "a directory swapped out of %s is at %s; move it back (%s)",
+                    name, self.directory / slot, exc,
+                )  # fmt: skip
+                with self._lock:
+                    self._unsettled.discard(slot)  # the slot is lost, the directory is not
+                raise
             self.release(slot)
             raise IsADirectoryError(errno.EISDIR, f"{name} is a directory")
-        if stat.S_ISREG(info.st_mode):
-            self._give_back(slot, filled=True)
-        else:  # a symlink or other special file that stood at the target
-            self._drop(slot)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SPARE_BYTES:
+            self._drop(slot)  # a symlink that stood at the target, or too big to keep
+            return None
+        return self._hold(slot, settle)
 
-    def retire(self, dir_fd: int | None, name: str) -> bool | None:
-        """Delete the regular file ``name`` by moving its inode into a slot.
+    def retire(self, dir_fd: int | None, name: str, *, settle: bool = True) -> str | bool | None:
+        """Delete the regular file ``name``, keeping its inode (emptied) as a spare.
 
-        True when it was moved; False when there is no such file; None when
-        the caller should unlink it itself (pool off or full, not a regular
-        file: a directory must stay, a symlink is simply unlinked).
+        Returns the slot now holding it when ``settle`` is false (to
+        :meth:`settle` or :meth:`forget`), True when it was deleted (and,
+        settled or not kept, there is nothing left to do); False when there is
+        no such file;
+        None when the caller should unlink it
+        itself (pool off or full, not a small regular file: a directory must
+        stay, a symlink is simply unlinked).  The file is linked into the
+        slot, then unlinked, so a directory can never be moved.  Its bytes
+        are cut when nobody else has it open: deleted content does not
+        linger in the pool.
         """
         if not self.enabled:
             return None
@@ -372,31 +477,34 @@ class SparePool:
             return False
         except OSError:
             return None
-        if not stat.S_ISREG(info.st_mode):
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SPARE_BYTES:
             return None
-        taken = self._take(filled=False)
-        if taken is None:
+        slot = self._take_empty()
+        if slot is None:
             return None
-        slot, _ = taken
         try:
-            os.rename(name, slot, src_dir_fd=dir_fd, dst_dir_fd=self.dir_fd)
+            os.link(name, slot, src_dir_fd=dir_fd, dst_dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
-            self._give_back(slot, filled=False)
+            self._give_back(slot)
             return False
         except OSError:
-            self._give_back(slot, filled=False)
+            self._give_back(slot)
             return None
         try:
-            info = os.stat(slot, dir_fd=self.dir_fd, follow_symlinks=False)
+            os.unlink(name, dir_fd=dir_fd)
         except OSError:
-            self._give_back(slot, filled=False)
-            return True
-        if stat.S_ISDIR(info.st_mode):  # replaced by a directory meanwhile: never lose one
-            os.rename(slot, name, src_dir_fd=self.dir_fd, dst_dir_fd=dir_fd)
-            self._give_back(slot, filled=False)
-            return None
-        if stat.S_ISREG(info.st_mode):
-            self._give_back(slot, filled=True)
-        else:
             self._drop(slot)
-        return True
+            return None
+        fd = self._vetted(slot)
+        if fd is None:
+            self._drop(slot)  # somebody still reads it, or it is not like a new file
+            return True
+        try:
+            os.ftruncate(fd, 0)
+        except OSError:
+            os.close(fd)
+            self._drop(slot)
+            return True
+        os.close(fd)
+        held = self._hold(slot, settle)
+        return held if held is not None else True

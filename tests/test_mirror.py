@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 import signal
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rsnotify import spare as spare_module
 from rsnotify.errors import RsNotifyError
 from rsnotify.spare import SparePool
 from rsnotify.subscriber.mirror import (
@@ -527,8 +529,14 @@ MirrorFactory = Callable[[Path], Mirror]
 
 
 @pytest.fixture(params=["new temp files", "spare inodes"])
-def new_mirror(request: pytest.FixtureRequest, tmp_path: Path) -> MirrorFactory:
-    """Mirrors whose batched writes use fresh temp files, or the spare pool (both must hold)."""
+def new_mirror(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> MirrorFactory:
+    """Mirrors whose batched writes use fresh temp files, or the spare pool (both must hold).
+
+    Spares are reused at once here (MIN_AGE 0), so these tests exercise reuse.
+    """
+    monkeypatch.setattr(spare_module, "MIN_AGE", 0.0)
 
     def make(root: Path) -> Mirror:
         if request.param == "new temp files":
@@ -788,39 +796,86 @@ async def test_a_batched_write_returns_only_once_durable(
         with lock:
             trace.append(("rename", (info.st_dev, info.st_ino)))
 
-    real_install = SparePool.install
+    real_install, real_settle = SparePool.install, SparePool.settle
+    settled: list[tuple[int, int]] = []  # (trace length at install, at settle) per retired inode
 
-    def install(self: SparePool, slot: str, dir_fd: int | None, name: str) -> None:
-        real_install(self, slot, dir_fd, name)  # the swap that stands for the rename
+    def install(
+        self: SparePool, slot: str, dir_fd: int | None, name: str, *, settle: bool = True
+    ) -> str | None:
+        retired = real_install(self, slot, dir_fd, name, settle=settle)  # stands for the rename
         info = os.stat(name, dir_fd=dir_fd)
         with lock:
             trace.append(("rename", (info.st_dev, info.st_ino)))
+            if retired is not None:
+                installed[retired] = len(trace)
+        return retired
 
+    def settle(self: SparePool, slot: str) -> None:
+        with lock:
+            settled.append((installed.pop(slot), len(trace)))
+        real_settle(self, slot)
+
+    installed: dict[str, int] = {}
     monkeypatch.setattr(module.os, "fsync", fsync)
     monkeypatch.setattr(module.os, "replace", replace)
     monkeypatch.setattr(SparePool, "install", install)
+    monkeypatch.setattr(SparePool, "settle", settle)
     mirror = new_mirror(tmp_path)
     locs = [f"http://s/res/r{i}" for i in range(30)]
     returned: dict[str, int] = {}
 
-    async def write(loc: str) -> None:
-        await mirror.write_bytes(mirror.path_for(loc), loc.encode())
+    async def write(loc: str, version: str) -> None:
+        await mirror.write_bytes(mirror.path_for(loc), f"{loc} {version}".encode())
         with lock:
             returned[loc] = len(trace)  # how much had happened when the caller heard
 
-    await asyncio.gather(*(write(loc) for loc in locs))
-    directory = os.stat(mirror.path_for(locs[0]).parent)
-    dir_key = (directory.st_dev, directory.st_ino)
-    assert len([e for e in trace if e == ("fsync", dir_key)]) < len(locs)  # shared
-    for loc in locs:
-        info = os.stat(mirror.path_for(loc))
-        inode = (info.st_dev, info.st_ino)
-        synced = trace.index(("fsync", inode))
-        renamed = trace.index(("rename", inode))
-        dir_synced = next(
-            i for i, event in enumerate(trace) if i > renamed and event == ("fsync", dir_key)
-        )
-        assert synced < renamed < dir_synced < returned[loc], loc
+    directory: os.stat_result | None = None
+    for version in ("created", "updated"):  # the update swaps, retiring an inode per file
+        trace.clear()
+        await asyncio.gather(*(write(loc, version) for loc in locs))
+        directory = os.stat(mirror.path_for(locs[0]).parent)
+        dir_key = (directory.st_dev, directory.st_ino)
+        assert len([e for e in trace if e == ("fsync", dir_key)]) < len(locs)  # shared
+        for loc in locs:
+            info = os.stat(mirror.path_for(loc))
+            inode = (info.st_dev, info.st_ino)
+            synced = trace.index(("fsync", inode))
+            renamed = trace.index(("rename", inode))
+            dir_synced = next(
+                i for i, event in enumerate(trace) if i > renamed and event == ("fsync", dir_key)
+            )
+            assert synced < renamed < dir_synced < returned[loc], loc
+        # A retired inode becomes reusable only after a directory fsync that followed its swap.
+        if mirror.spares is not None and version == "updated":
+            assert len(settled) == len(locs)
+        for at_install, at_settle in settled:
+            assert ("fsync", dir_key) in trace[at_install:at_settle]
+        settled.clear()
+    if mirror.spares is not None:
+        assert not installed  # every retired inode was settled
+        assert mirror.spares.reused > 0 or mirror.spares.allocated > 0
+
+
+async def test_a_directory_refusing_swaps_is_written_the_plain_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EXDEV from the swap (project quota, bind mount): the write still lands, plainly."""
+    monkeypatch.setattr(spare_module, "MIN_AGE", 0.0)
+    mirror = Mirror(tmp_path / "m", spare_dir=tmp_path / "spare")
+    path = mirror.path_for("http://s/q/a")
+    await mirror.write_bytes(path, b"v1")
+    refused: list[str] = []
+
+    def refuse(*args: object) -> None:
+        refused.append(str(args[3]))
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(spare_module, "exchange", refuse)
+    await mirror.write_bytes(path, b"v2")
+    assert path.read_bytes() == b"v2" and refused == ["a"]
+    await mirror.write_bytes(path, b"v3")  # that directory is now written the plain way
+    assert path.read_bytes() == b"v3" and refused == ["a"]
+    assert temp_files(mirror.root) == []
 
 
 async def test_deletes_share_batches_with_writes(tmp_path: Path, new_mirror: MirrorFactory) -> None:

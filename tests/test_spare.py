@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
 
 import pytest
 
-from rsnotify.spare import SLOT_PREFIX, SparePool, fill
+from rsnotify import spare as spare_module
+from rsnotify.spare import MAX_SPARE_BYTES, SLOT_PREFIX, SparePool, fill
 
 
 def replace(pool: SparePool, target: Path, body: bytes) -> None:
@@ -23,7 +25,9 @@ def replace(pool: SparePool, target: Path, body: bytes) -> None:
 
 
 @pytest.fixture
-def pool(tmp_path: Path) -> SparePool:
+def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SparePool:
+    """A pool that reuses a spare at once (MIN_AGE 0), so reuse shows in few steps."""
+    monkeypatch.setattr(spare_module, "MIN_AGE", 0.0)
     (tmp_path / "root").mkdir()
     spares = SparePool(tmp_path / "spare", tmp_path / "root")
     assert spares.enabled, spares.reason
@@ -119,6 +123,8 @@ def test_retire_moves_a_deleted_file_into_the_pool(pool: SparePool, tmp_path: Pa
     (root / "gone").write_bytes(b"deleted resource")
     assert pool.retire(None, str(root / "gone")) is True
     assert not (root / "gone").exists()
+    kept = [p for p in (tmp_path / "spare").iterdir()]
+    assert [p.stat().st_size for p in kept] == [0]  # deleted content does not linger
     assert pool.retire(None, str(root / "gone")) is False  # nothing there any more
     (root / "dir").mkdir()
     assert pool.retire(None, str(root / "dir")) is None  # the caller decides (kept)
@@ -160,3 +166,86 @@ def test_off_across_filesystems(tmp_path: Path) -> None:
         for leftover in spare.iterdir():
             leftover.unlink()
         spare.rmdir()
+
+
+def test_a_reader_of_a_deleted_file_keeps_its_bytes(pool: SparePool, tmp_path: Path) -> None:
+    gone = tmp_path / "root" / "gone"
+    gone.write_bytes(b"still being read")
+    with open(gone, "rb") as reader:
+        assert pool.retire(None, str(gone)) is True
+        replace(pool, tmp_path / "root" / "new", b"must not land in the read inode")
+        assert reader.read() == b"still being read"
+    assert pool.reused == 0
+
+
+def test_a_spare_rests_before_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Oldest first and only after MIN_AGE: an open() racing the swap has long finished."""
+    monkeypatch.setattr(spare_module, "MIN_AGE", 3600.0)
+    (tmp_path / "root").mkdir()
+    pool = SparePool(tmp_path / "spare", tmp_path / "root")
+    target = tmp_path / "root" / "a"
+    target.write_bytes(b"v0")
+    inodes = set()
+    for i in range(1, 5):
+        replace(pool, target, f"v{i}".encode())
+        inodes.add(target.stat().st_ino)
+    assert len(inodes) == 4 and pool.reused == 0  # every retired inode is still resting
+    monkeypatch.setattr(spare_module, "MIN_AGE", 0.0)
+    oldest = min((p for p in (tmp_path / "spare").iterdir()), key=lambda p: p.stat().st_mtime_ns)
+    oldest_inode = oldest.stat().st_ino
+    replace(pool, target, b"v5")
+    assert pool.reused == 1 and target.stat().st_ino == oldest_inode
+
+
+def test_unsettled_spares_wait_for_their_directory(pool: SparePool, tmp_path: Path) -> None:
+    """Until the target's directory fsync returned, the old inode may still be named there."""
+    target = tmp_path / "root" / "a"
+    target.write_bytes(b"v0")
+    taken = pool.open()
+    assert taken is not None
+    fill(taken[1], b"v1")
+    os.close(taken[1])
+    retired = pool.install(taken[0], None, str(target), settle=False)
+    assert retired is not None
+    replace(pool, tmp_path / "root" / "b", b"b")  # does not get the unsettled inode
+    assert pool.reused == 0
+    pool.settle(retired)
+    replace(pool, tmp_path / "root" / "c", b"c")
+    assert pool.reused == 1
+    gone = tmp_path / "root" / "gone"
+    gone.write_bytes(b"x")
+    slot = pool.retire(None, str(gone), settle=False)
+    assert isinstance(slot, str)
+    pool.forget(slot)  # its directory fsync failed: never reused, unlinked
+    assert not (tmp_path / "spare" / slot).exists()
+
+
+def test_large_retired_files_are_not_kept(pool: SparePool, tmp_path: Path) -> None:
+    target = tmp_path / "root" / "big"
+    target.write_bytes(b"x" * (MAX_SPARE_BYTES + 1))
+    replace(pool, target, b"small now")
+    assert [p.stat().st_size for p in (tmp_path / "spare").iterdir()] == []
+    target.write_bytes(b"y" * (MAX_SPARE_BYTES + 1))
+    assert pool.retire(None, str(target)) is None  # the caller unlinks it
+
+
+def test_no_swap_possible_hands_the_slot_back(
+    pool: SparePool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    target = tmp_path / "root" / "a"
+    target.write_bytes(b"v0")
+    taken = pool.open()
+    assert taken is not None
+    fill(taken[1], b"v1")
+    os.close(taken[1])
+    monkeypatch.setattr(spare_module, "exchange", refuse)
+    with pytest.raises(spare_module.SpareUnusable):
+        pool.install(taken[0], None, str(target))
+    assert target.read_bytes() == b"v0"
+    monkeypatch.undo()
+    monkeypatch.setattr(spare_module, "MIN_AGE", 0.0)
+    replace(pool, target, b"v2")  # the slot came back and is reused
+    assert target.read_bytes() == b"v2" and pool.reused == 1

@@ -84,14 +84,19 @@ async def converged(http: aiohttp.ClientSession, base: str, *mirrors: Path) -> b
     return all(not differences(state, m) for m in mirrors)
 
 
-async def test_once_baselines_then_catches_up_from_the_change_list_index(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spare_inodes", [True, False], ids=["spare-inodes", "new-inodes"])
+async def test_once_baselines_then_catches_up_from_the_change_list_index(
+    tmp_path: Path, spare_inodes: bool
+) -> None:
     mirror = tmp_path / "mirror"
     async with (
         simulator(changelist_size=25, paused=True) as (_sim, base),
         aiohttp.ClientSession() as http,
     ):
         await post(http, f"{base}_simulator/advance?n=60")
-        config = SubscriberConfig(source=base, into=str(mirror), once=True)
+        config = SubscriberConfig(
+            source=base, into=str(mirror), once=True, spare_inodes=spare_inodes
+        )
         sub = Subscriber(config)
         await sub.start()
         assert await sub.run_once() == 0
@@ -114,6 +119,10 @@ async def test_once_baselines_then_catches_up_from_the_change_list_index(tmp_pat
         (engine,) = sub.engines.values()
         assert engine.stats.applied == 0
         await sub.stop()
+    # Updates and deletes retired inodes into <state>/spare (never inside the mirror).
+    spare = default_state_dir(str(mirror)) / "spare"
+    assert (spare.is_dir() and any(spare.iterdir())) is spare_inodes
+    assert not list(mirror.rglob("%spare*"))
 
 
 async def test_cursors_in_redis_survive_restarts_and_a_redis_outage(

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 
-from ..spare import SparePool, fill
+from ..spare import SparePool, SpareUnusable, fill
 from .site import Site
 from .source import Applied, SimulatorError
 
@@ -70,6 +70,7 @@ def write_files(
             made.add(parent)
         spare = spares.open() if spares is not None else None
         if spare is not None:
+            assert spares is not None
             slot, fd = spare
             try:
                 try:
@@ -79,10 +80,13 @@ def write_files(
                 if before_replace is not None:
                     before_replace(rel)
             except BaseException:
-                spares.release(slot)  # type: ignore[union-attr]
+                spares.release(slot)
                 raise
-            spares.install(slot, None, str(path))  # type: ignore[union-attr]
-            continue
+            try:
+                spares.install(slot, None, str(path))
+                continue
+            except SpareUnusable:  # no swap into this directory: the plain way
+                spares = None
         tmp = parent / f".{path.name}.tmp"
         with open(tmp, "wb") as handle:
             handle.write(body)

@@ -78,6 +78,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--metadata-only", action="store_true", help="record changes without fetching resources"
     )
     parser.add_argument(
+        "--no-spare-inodes",
+        action="store_true",
+        help="write every file as a new inode instead of reusing retired ones kept in "
+        "<state>/spare (files then take the attributes of their own directory)",
+    )
+    parser.add_argument(
         "--once", action="store_true", help="catch up to the Source's current state and exit"
     )
     parser.add_argument(
@@ -151,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         topic_prefix=args.topic_prefix,
         concurrency=args.concurrency,
         metadata_only=args.metadata_only,
+        spare_inodes=not args.no_spare_inodes,
         once=args.once,
         heartbeat_timeout=args.heartbeat_timeout,
         safety_poll=args.safety_poll,

@@ -101,7 +101,7 @@ from urllib.parse import quote, unquote_to_bytes, urlsplit
 import yarl
 
 from ..errors import RsNotifyError
-from ..spare import SparePool, fill
+from ..spare import SparePool, SpareUnusable, fill
 
 __all__ = [
     "DEFAULT_ALGORITHMS",
@@ -435,7 +435,7 @@ class _Staged:
     (in its directory, not in ``dir_fd``).
     """
 
-    __slots__ = ("digests", "dir_fd", "dirty", "fd", "name", "spare", "temp")
+    __slots__ = ("digests", "dir_fd", "dirty", "fd", "name", "retired", "spare", "temp")
 
     def __init__(
         self,
@@ -454,6 +454,9 @@ class _Staged:
         self.name = name
         self.digests = digests
         self.spare = spare
+        # The pool slot now holding the inode this write or delete retired:
+        # reusable only once this directory's fsync has returned.
+        self.retired = ""
 
 
 def _known_algorithms(
@@ -571,6 +574,7 @@ class Mirror:
         self.root = root_path.resolve()
         self.spares: SparePool | None = None
         self._spare_dev = -1
+        self._no_spares: set[tuple[int, int]] = set()  # directories a swap failed for
         if spare_dir is not None:
             spares = SparePool(spare_dir, self.root)
             if spares.enabled:
@@ -887,7 +891,7 @@ class Mirror:
                 write = batch[i]
                 if write.data is None:
                     try:
-                        if not self._remove(item.dir_fd, item.name):
+                        if not self._remove(item):
                             results[i] = False
                             continue
                     except OSError as exc:
@@ -905,9 +909,7 @@ class Mirror:
                         item.fd = -1
                     try:
                         if item.spare:
-                            assert self.spares is not None
-                            temp, item.temp = item.temp, ""  # the pool has the slot back
-                            self.spares.install(temp, item.dir_fd, item.name)
+                            self._install(item, write)
                         else:
                             os.replace(item.temp, item.name, src_dir_fd=item.dir_fd,
                                        dst_dir_fd=item.dir_fd)  # fmt: skip
@@ -936,6 +938,10 @@ class Mirror:
                     failed = synced[key]
                     if failed is not None:
                         raise failed
+                    if item.retired:
+                        assert self.spares is not None
+                        self.spares.settle(item.retired)
+                        item.retired = ""
                     for parent in item.dirty:
                         os.fsync(parent)
                 except BaseException as exc:
@@ -949,8 +955,40 @@ class Mirror:
                     with contextlib.suppress(OSError):
                         os.close(item.fd)
                 self._discard_temp(item)
+                if item.retired:  # its directory was never (durably) fsynced
+                    assert self.spares is not None
+                    self.spares.forget(item.retired)
+                    item.retired = ""
                 _close_all([item.dir_fd, *item.dirty])
         return results
+
+    def _install(self, item: _Staged, write: _Write) -> None:
+        """Swap a filled spare into place; where no swap is possible, write a new file instead.
+
+        A swap fails with EXDEV between directories of one filesystem that
+        differ in project quota, or across a bind mount (same device
+        number), and with EINVAL where the filesystem lacks
+        ``RENAME_EXCHANGE``: the directory is then written to the plain way
+        from now on.
+        """
+        assert self.spares is not None and write.data is not None
+        temp, item.temp = item.temp, ""  # the pool has the slot back whatever happens
+        try:
+            item.retired = self.spares.install(temp, item.dir_fd, item.name, settle=False) or ""
+            return
+        except SpareUnusable as exc:
+            info = os.fstat(item.dir_fd)
+            self._no_spares.add((info.st_dev, info.st_ino))
+            log.info("%s: writing new files in this directory (%s)", write.path, exc)
+        item.spare = False
+        item.fd, item.temp = self._new_temp(item.dir_fd)
+        try:
+            _write_all(item.fd, write.data)
+            os.fsync(item.fd)
+        finally:
+            os.close(item.fd)
+            item.fd = -1
+        os.replace(item.temp, item.name, src_dir_fd=item.dir_fd, dst_dir_fd=item.dir_fd)
 
     def _discard_temp(self, item: _Staged) -> None:
         """Remove a staged temp file that will not be renamed (a spare goes back to the pool)."""
@@ -967,19 +1005,27 @@ class Mirror:
     def _spares_for(self, dir_fd: int) -> SparePool | None:
         """The spare pool if it can swap with files in ``dir_fd`` (same filesystem)."""
         spares = self.spares
-        if spares is None or not spares.enabled or os.fstat(dir_fd).st_dev != self._spare_dev:
+        if spares is None or not spares.enabled:
+            return None
+        info = os.fstat(dir_fd)
+        if info.st_dev != self._spare_dev or (info.st_dev, info.st_ino) in self._no_spares:
             return None
         return spares
 
-    def _remove(self, dir_fd: int, name: str) -> bool:
-        """Delete ``name``; False when there is no file (missing, or a directory: kept).
+    def _remove(self, item: _Staged) -> bool:
+        """Delete ``item.name``; False when there is no file (missing, or a directory: kept).
 
         The file's inode goes to the spare pool when there is room (the next
-        write reuses it), else it is unlinked.
+        write reuses it; ``item.retired`` then names the slot), else it is
+        unlinked.
         """
+        dir_fd, name = item.dir_fd, item.name
         spares = self._spares_for(dir_fd)
         if spares is not None:
-            retired = spares.retire(dir_fd, name)
+            retired = spares.retire(dir_fd, name, settle=False)
+            if isinstance(retired, str):
+                item.retired = retired
+                return True
             if retired is not None:
                 return retired
         try:
@@ -1019,16 +1065,18 @@ class Mirror:
             slot = spares.open() if spares is not None else None
             if slot is not None:
                 return slot[1], dir_fd, dirty, slot[0], name, True
-            fd = os.open(
-                temp,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o644,
-                dir_fd=dir_fd,
-            )
+            fd, temp = self._new_temp(dir_fd)
         except BaseException:
             _close_all([dir_fd, *dirty])
             raise
         return fd, dir_fd, dirty, temp, name, False
+
+    @staticmethod
+    def _new_temp(dir_fd: int) -> tuple[int, str]:
+        """Create a fresh temp file in ``dir_fd``: ``(fd, name)``."""
+        temp = f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(temp, flags, 0o644, dir_fd=dir_fd), temp
 
     def _stage(self, write: _Write) -> _Staged:
         """Verify one write and put its bytes in a temp file beside the target (unsynced)."""

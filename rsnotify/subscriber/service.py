@@ -57,6 +57,7 @@ class SubscriberConfig:
     topic_prefix: str | None = None
     concurrency: int = 16
     metadata_only: bool = False
+    spare_inodes: bool = True  # reuse retired inodes (rsnotify.spare); off: a new one per write
     once: bool = False
     heartbeat_timeout: float = 30.0
     safety_poll: float = 300.0
@@ -168,8 +169,10 @@ class Subscriber:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock.acquire()
         # Retired inodes wait in the state directory, beside the mirror and
-        # (by default) on its filesystem, never inside the mirror itself.
-        mirror = Mirror(config.into, spare_dir=self.state_dir / "spare")
+        # (by default) on its filesystem, never inside the mirror itself: a
+        # web server publishing the mirror must not serve old versions.
+        spare_dir = self.state_dir / "spare" if config.spare_inodes else None
+        mirror = Mirror(config.into, spare_dir=spare_dir)
         removed = mirror.cleanup_temp()
         if removed:
             log.info("removed %d temporary file(s) left by an interrupted write", removed)
