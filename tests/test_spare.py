@@ -13,7 +13,8 @@ from rsnotify import spare as spare_module
 from rsnotify.spare import MAX_SPARE_BYTES, SLOT_PREFIX, SparePool, fill
 
 
-def replace(pool: SparePool, target: Path, body: bytes) -> None:
+def filled(pool: SparePool, body: bytes) -> str:
+    """A slot from the pool holding ``body``, ready to install."""
     taken = pool.open()
     assert taken is not None, pool.reason
     slot, fd = taken
@@ -21,7 +22,11 @@ def replace(pool: SparePool, target: Path, body: bytes) -> None:
         fill(fd, body)
     finally:
         os.close(fd)
-    pool.install(slot, None, str(target))
+    return slot
+
+
+def replace(pool: SparePool, target: Path, body: bytes) -> None:
+    pool.install(filled(pool, body), None, str(target))
 
 
 @pytest.fixture
@@ -201,11 +206,7 @@ def test_unsettled_spares_wait_for_their_directory(pool: SparePool, tmp_path: Pa
     """Until the target's directory fsync returned, the old inode may still be named there."""
     target = tmp_path / "root" / "a"
     target.write_bytes(b"v0")
-    taken = pool.open()
-    assert taken is not None
-    fill(taken[1], b"v1")
-    os.close(taken[1])
-    retired = pool.install(taken[0], None, str(target), settle=False)
+    retired = pool.install(filled(pool, b"v1"), None, str(target), settle=False)
     assert retired is not None
     replace(pool, tmp_path / "root" / "b", b"b")  # does not get the unsettled inode
     assert pool.reused == 0
@@ -237,13 +238,10 @@ def test_no_swap_possible_hands_the_slot_back(
 
     target = tmp_path / "root" / "a"
     target.write_bytes(b"v0")
-    taken = pool.open()
-    assert taken is not None
-    fill(taken[1], b"v1")
-    os.close(taken[1])
+    slot = filled(pool, b"v1")
     monkeypatch.setattr(spare_module, "exchange", refuse)
     with pytest.raises(spare_module.SpareUnusable):
-        pool.install(taken[0], None, str(target))
+        pool.install(slot, None, str(target))
     assert target.read_bytes() == b"v0"
     monkeypatch.undo()
     monkeypatch.setattr(spare_module, "MIN_AGE", 0.0)
