@@ -1053,7 +1053,6 @@ class Mirror:
         dir_fd, dirty = self._open_dirs(names[:-1], create=True, path=path)
         assert dir_fd is not None
         name = names[-1]
-        temp = f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
             with contextlib.suppress(FileNotFoundError):
                 if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
