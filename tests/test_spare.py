@@ -190,14 +190,14 @@ def test_a_spare_rests_before_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     pool = SparePool(tmp_path / "spare", tmp_path / "root")
     target = tmp_path / "root" / "a"
     target.write_bytes(b"v0")
+    oldest_inode = target.stat().st_ino  # the first one retired (file mtimes can tie)
     inodes = set()
     for i in range(1, 5):
         replace(pool, target, f"v{i}".encode())
         inodes.add(target.stat().st_ino)
     assert len(inodes) == 4 and pool.reused == 0  # every retired inode is still resting
+    assert oldest_inode not in inodes
     monkeypatch.setattr(spare_module, "MIN_AGE", 0.0)
-    oldest = min((p for p in (tmp_path / "spare").iterdir()), key=lambda p: p.stat().st_mtime_ns)
-    oldest_inode = oldest.stat().st_ino
     replace(pool, target, b"v5")
     assert pool.reused == 1 and target.stat().st_ino == oldest_inode
 
