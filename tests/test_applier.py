@@ -940,3 +940,119 @@ async def test_a_resource_dump_package_off_the_sources_origin_is_not_downloaded(
     )  # fmt: skip
     assert other.requests == [] and summary.dump_packages == 0
     assert summary.at is None  # incomplete and no Resource List: start from the beginning
+
+
+# --- changes nobody vouched for (rsnotify.subscriber.trust) -------------------------
+
+
+async def test_a_provisional_state_never_makes_a_genuine_change_look_old(
+    env: Env, source: Source
+) -> None:
+    """An unsigned "updated" dated later than the truth must not hide the true next change."""
+    source.files["/a"] = b"v1"
+    applier = env.applier()
+    forged = env.note("/a", "updated", at(100))  # no hash: whatever the Source serves
+    assert await applier.apply(forged, confirmed=False) is Outcome.APPLIED
+    state = await env.store.get(source.url("/a"))
+    assert state is not None and not state.confirmed
+    source.files["/a"] = b"v2"
+    genuine = env.note("/a", "updated", at(50), body=b"v2")
+    assert await applier.apply(genuine) is Outcome.APPLIED, "skipped as older than the forgery"
+    assert env.path("/a").read_bytes() == b"v2"
+    state = await env.store.get(source.url("/a"))
+    assert state is not None and state.confirmed and state.datetime == at(50)
+
+
+async def test_an_older_change_is_rechecked_at_the_source_not_applied_blindly(
+    env: Env, source: Source
+) -> None:
+    """A genuine pushed state (provisional), then an older entry from the Change List walk."""
+    source.files["/a"] = b"v2"
+    source.files["/gone"] = b"still here"
+    applier = env.applier()
+    for path, body in (("/a", b"v2"), ("/gone", b"still here")):
+        pushed = env.note(path, "updated", at(20), body=body)
+        assert await applier.apply(pushed, confirmed=False) is Outcome.APPLIED
+    requests = len(source.requests)
+    # The walk lists an older version (no hash) and an older deletion: the Source is
+    # asked, agrees with the mirror, and nothing goes back in time.
+    assert await applier.apply(env.note("/a", "created", at(10))) is Outcome.OUTDATED
+    assert await applier.apply(env.note("/gone", "deleted", at(15))) is Outcome.OUTDATED
+    assert len(source.requests) == requests + 2
+    assert env.path("/a").read_bytes() == b"v2" and env.path("/gone").exists()
+    await assert_never_backwards(env.store)
+    # The walk then lists exactly the pushed change: confirmed, nothing fetched.
+    assert await applier.apply(env.note("/a", "updated", at(20), body=b"v2")) is Outcome.CONFIRMED
+    assert len(source.requests) == requests + 2
+    state = await env.store.get(source.url("/a"))
+    assert state is not None and state.confirmed
+
+
+async def test_an_unsigned_deletion_needs_the_source_to_agree(env: Env, source: Source) -> None:
+    source.files["/x"] = b"x"
+    source.files["/y"] = b"y"
+    applier = env.applier(hooks=env.recording_hooks())
+    for path in ("/x", "/y"):
+        assert await applier.apply(env.note(path, body=source.files[path], when=at(1))) is (
+            Outcome.APPLIED
+        )
+    assert await applier.apply(env.note("/x", "deleted", at(2)), confirmed=False) is (
+        Outcome.UNCONFIRMED
+    )
+    assert env.path("/x").exists(), "removed although the Source still serves it"
+    del source.files["/y"]
+    assert await applier.apply(env.note("/y", "deleted", at(2)), confirmed=False) is (
+        Outcome.DELETED
+    )
+    assert not env.path("/y").exists()
+    assert ("deleted", env.path("/x")) not in [(k, p) for k, _, p in env.events]
+    assert env.failures == [(source.url("/x"), Outcome.UNCONFIRMED)]
+    assert await env.outcomes("/x") == ["applied", "unconfirmed"]
+
+
+async def test_a_date_beyond_the_clock_skew_is_never_trusted(env: Env, source: Source) -> None:
+    """Even from a trusted path: a clock that jumped must not freeze a resource."""
+    source.files["/a"] = b"v1"
+    applier = env.applier(max_skew=60)
+    future = datetime.now(UTC) + timedelta(days=3650)
+    assert await applier.apply(env.note("/a", "updated", future)) is Outcome.APPLIED
+    state = await env.store.get(source.url("/a"))
+    assert state is not None and not state.confirmed
+    source.files["/a"] = b"v2"
+    assert await applier.apply(env.note("/a", "updated", at(5), body=b"v2")) is Outcome.APPLIED
+    assert env.path("/a").read_bytes() == b"v2"
+
+
+async def test_an_old_store_is_migrated_and_its_states_stay_trusted(tmp_path: Path) -> None:
+    """A resources.sqlite3 written before provisional states existed opens unchanged."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE resources (loc TEXT PRIMARY KEY, change TEXT NOT NULL, "
+        "datetime_us INTEGER NOT NULL, seq INTEGER, sha256 TEXT, length INTEGER, "
+        "applied_us INTEGER NOT NULL) WITHOUT ROWID;"
+        "CREATE TABLE apply_log (id INTEGER PRIMARY KEY AUTOINCREMENT, loc TEXT NOT NULL, "
+        "change TEXT NOT NULL, datetime_us INTEGER NOT NULL, seq INTEGER, "
+        "applied_us INTEGER NOT NULL, sha256 TEXT, length INTEGER, outcome TEXT NOT NULL, "
+        "detail TEXT);"
+        "INSERT INTO resources VALUES ('http://s/a', 'created', 1000000, 7, NULL, 3, 1000000);"
+        "INSERT INTO apply_log(loc, change, datetime_us, seq, applied_us, outcome) "
+        "VALUES ('http://s/a', 'created', 1000000, 7, 1000000, 'applied');"
+    )
+    db.commit()
+    db.close()
+    store = ResourceStore(path)
+    try:
+        state = await store.get("http://s/a")
+        assert state is not None and state.confirmed and state.seq == 7
+        (record,) = await store.apply_log()
+        assert record.confirmed and record.outcome == "applied"
+        assert await store.record_applied(
+            "http://s/a", "updated", datetime(1970, 1, 1, 0, 0, 2, tzinfo=UTC), confirmed=False
+        )
+        state = await store.get("http://s/a")
+        assert state is not None and not state.confirmed
+    finally:
+        await store.close()

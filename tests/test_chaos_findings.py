@@ -13,7 +13,6 @@ from rsnotify.devstack import async_wait_for
 from rsnotify.errors import RsNotifyError
 from rsnotify.fetch import Fetcher
 from rsnotify.metrics import serving
-from rsnotify.model import Entry
 from rsnotify.subscriber.applier import Applier
 from rsnotify.subscriber.cursor import Checkpoint, CursorStore
 from rsnotify.subscriber.gaps import GapDetector
@@ -116,12 +115,10 @@ async def test_one_collections_local_failure_leaves_the_other_collections_change
         for engine in (a, b):
             engine._committer = asyncio.create_task(engine._commit_loop())
         b_note = env.note("/b", body=b"b")
-        b._submit(b_note, Entry(loc=b_note.loc, change=b_note.change, datetime=b_note.datetime),
-                  None, b_note.seq, b_note)  # fmt: skip
+        b._submit_pushed(b_note)
         await async_wait_for(lambda: "/b" in source.requests, timeout=10)  # B is mid-fetch
         a_note = env.note("/a", body=b"a")
-        a._submit(a_note, Entry(loc=a_note.loc, change=a_note.change, datetime=a_note.datetime),
-                  None, a_note.seq, a_note)  # fmt: skip
+        a._submit_pushed(a_note)
         with pytest.raises(Exception, match="disk is full"):
             await asyncio.wait_for(a.drain(), timeout=10)
         await asyncio.wait_for(a.close(), timeout=10)  # what the service does before a restart
@@ -152,8 +149,7 @@ async def test_a_change_cancelled_under_the_engine_stops_it_instead_of_hanging(
     try:
         engine._committer = asyncio.create_task(engine._commit_loop())
         note = env.note("/held", body=b"held")
-        engine._submit(note, Entry(loc=note.loc, change=note.change, datetime=note.datetime),
-                       None, note.seq, note)  # fmt: skip
+        engine._submit_pushed(note)
         await async_wait_for(lambda: "/held" in source.requests, timeout=10)
         future = engine._pending[0].future
         assert future is not None

@@ -17,13 +17,12 @@ reach the mirror only through a catch-up.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
+import logging
 import os
-from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,129 +33,17 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from rsnotify import sitemap, w3cdt
-from rsnotify.collection import collection_id
+from rsnotify import w3cdt
 from rsnotify.devstack import Mosquitto, async_wait_for, free_port
 from rsnotify.envelope import SIGNATURE_PROPERTY, sign
-from rsnotify.model import Capability, ChangeType, Entry, Root, make_document
-from rsnotify.subscriber.mirror import TEMP_PREFIX, path_for
+from rsnotify.model import Entry
+from rsnotify.subscriber.mirror import path_for
 from rsnotify.subscriber.resources import ApplyRecord
 from rsnotify.subscriber.service import Subscriber, SubscriberConfig, default_state_dir
 from rsnotify.subscriber.sync import CollectionSync
+from tests.minisource import Source, differences, fixity, notification, of_entry
 
 SECRET = b"correct horse battery staple"
-
-
-def fixity(data: bytes) -> str:
-    return f"md5:{hashlib.md5(data).hexdigest()} sha-256:{hashlib.sha256(data).hexdigest()}"
-
-
-class Source:
-    """A minimal ResourceSync Source: one Capability List, a Resource List, one Change List."""
-
-    def __init__(self) -> None:
-        self.base = ""
-        self.files: dict[str, bytes] = {}
-        self.changes: list[Entry] = []
-        self.hits: Counter[str] = Counter()
-        self.initial: dict[str, bytes] = {}  # the Resource List's snapshot at self.at
-        self.at = w3cdt.now() - timedelta(minutes=5)
-        self._runner: web.AppRunner | None = None
-
-    def url(self, path: str) -> str:
-        return f"{self.base}{path}"
-
-    @property
-    def capability_list(self) -> str:
-        return self.url("capabilitylist.xml")
-
-    @property
-    def changelist(self) -> str:
-        return self.url("changelist.xml")
-
-    @property
-    def collection(self) -> str:
-        return collection_id(self.capability_list)
-
-    def change(self, name: str, data: bytes | None) -> Entry:
-        """Change ``r/<name>`` at the Source (None deletes it) and list it in the Change List."""
-        when = max([self.at, *(e.datetime for e in self.changes if e.datetime)])
-        when = max(when + timedelta(milliseconds=1), w3cdt.now())
-        loc = self.url(f"r/{name}")
-        if data is None:
-            self.files.pop(name)
-            entry = Entry(loc=loc, change=ChangeType.DELETED, datetime=when, lastmod=when)
-        else:
-            kind = ChangeType.UPDATED if name in self.files else ChangeType.CREATED
-            self.files[name] = data
-            entry = Entry(
-                loc=loc,
-                change=kind,
-                datetime=when,
-                lastmod=when,
-                hash=fixity(data),
-                length=len(data),
-            )
-        self.changes.append(entry)
-        return entry
-
-    def _documents(self) -> dict[str, bytes]:
-        description = make_document(
-            Root.URLSET,
-            Capability.DESCRIPTION,
-            entries=[Entry(loc=self.capability_list, capability=Capability.CAPABILITYLIST)],
-        )
-        capabilities = make_document(
-            Root.URLSET,
-            Capability.CAPABILITYLIST,
-            entries=[
-                Entry(loc=self.url("resourcelist.xml"), capability=Capability.RESOURCELIST),
-                Entry(loc=self.changelist, capability=Capability.CHANGELIST),
-            ],
-        )
-        resources = make_document(
-            Root.URLSET,
-            Capability.RESOURCELIST,
-            at=self.at,
-            entries=[
-                Entry(loc=self.url(f"r/{n}"), hash=fixity(d), length=len(d))
-                for n, d in sorted(self.initial.items())
-            ],
-        )
-        changes = make_document(
-            Root.URLSET, Capability.CHANGELIST, from_=self.at, entries=list(self.changes)
-        )
-        return {
-            "/.well-known/resourcesync": sitemap.serialize(description),
-            "/capabilitylist.xml": sitemap.serialize(capabilities),
-            "/resourcelist.xml": sitemap.serialize(resources),
-            "/changelist.xml": sitemap.serialize(changes),
-        }
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        self.hits[request.path] += 1
-        document = self._documents().get(request.path)
-        if document is not None:
-            return web.Response(body=document, content_type="application/xml")
-        if request.path.startswith("/r/") and request.path[3:] in self.files:
-            return web.Response(body=self.files[request.path[3:]])
-        return web.Response(status=404)
-
-    async def start(self, files: dict[str, bytes]) -> str:
-        self.files = dict(files)
-        self.initial = dict(files)
-        app = web.Application()
-        app.router.add_get("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        port = free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", port).start()
-        self.base = f"http://127.0.0.1:{port}/"
-        return self.base
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 class Forger:
@@ -182,33 +69,6 @@ class Forger:
         self.client.loop_stop()
 
 
-def notification(
-    source: Source, seq: int, loc: str, change: str, when: datetime, **extra: Any
-) -> dict[str, Any]:
-    return {
-        "v": 1,
-        "collection": source.collection,
-        "seq": seq,
-        "capabilitylist": source.capability_list,
-        "changelist": source.changelist,
-        "loc": loc,
-        "change": change,
-        "datetime": w3cdt.format(when),
-        **extra,
-    }
-
-
-def of_entry(source: Source, seq: int, entry: Entry) -> bytes:
-    """The genuine notification of a Change List entry, as a publisher would send it."""
-    assert entry.change is not None and entry.datetime is not None
-    extra: dict[str, Any] = {}
-    if entry.hash:
-        extra.update(hash=entry.hash, length=entry.length)
-    return json.dumps(
-        notification(source, seq, entry.loc, entry.change.value, entry.datetime, **extra)
-    ).encode()
-
-
 class Setup:
     def __init__(self, source: Source, sub: Subscriber, forger: Forger, mirror: Path) -> None:
         self.source = source
@@ -222,21 +82,7 @@ class Setup:
         return engine
 
     def differences(self) -> list[str]:
-        expected = {
-            path_for(self.source.url(f"r/{n}"), self.mirror): hashlib.sha256(d).hexdigest()
-            for n, d in self.source.files.items()
-        }
-        found = {
-            p for p in self.mirror.rglob("*") if p.is_file() and not p.name.startswith(TEMP_PREFIX)
-        }
-        out = [f"missing {p}" for p in expected.keys() - found]
-        out += [f"extra {p}" for p in found - expected.keys()]
-        out += [
-            f"differs {p}"
-            for p in found & expected.keys()
-            if hashlib.sha256(p.read_bytes()).hexdigest() != expected[p]
-        ]
-        return out
+        return differences(self.source, self.mirror)
 
     async def apply_log(self, loc: str | None = None) -> list[ApplyRecord]:
         assert self.sub._resources is not None
@@ -257,10 +103,18 @@ class Setup:
 
 
 @asynccontextmanager
-async def following(tmp_path: Path, broker: Mosquitto, **options: Any) -> AsyncIterator[Setup]:
-    """A Source with three resources and a live subscriber mirroring it over MQTT."""
-    source = Source()
-    await source.start({"a.txt": b"alpha\n", "b.txt": b"bravo\n", "c.txt": b"charlie\n"})
+async def following(
+    tmp_path: Path, broker: Mosquitto, *, source: Source | None = None, **options: Any
+) -> AsyncIterator[Setup]:
+    """A Source with three resources and a live subscriber mirroring it over MQTT.
+
+    With ``source``, follow that (running) Source and leave it running: a test
+    can stop the subscriber, change the Source, and follow it again.
+    """
+    owned = source is None
+    if source is None:
+        source = Source()
+        await source.start({"a.txt": b"alpha\n", "b.txt": b"bravo\n", "c.txt": b"charlie\n"})
     mirror = tmp_path / "mirror"
     options.setdefault("heartbeat_timeout", 3600)  # no publisher, so no heartbeats
     options.setdefault("retries", 2)
@@ -286,7 +140,8 @@ async def following(tmp_path: Path, broker: Mosquitto, **options: Any) -> AsyncI
         if forger is not None:
             forger.close()
         await sub.stop()
-        await source.stop()
+        if owned:
+            await source.stop()
 
 
 def outside(tmp_path: Path, *skip: Path) -> dict[str, bytes]:
@@ -349,7 +204,7 @@ async def test_notifications_pointing_off_the_origin_are_not_fetched(
         )
         s.forger.send(json.dumps(genuine).encode())
         await async_wait_for(
-            lambda: s.engine.stats.failed + s.engine.stats.applied >= len(forged) + 1,
+            lambda: s.engine.stats.refused + s.engine.stats.applied >= len(forged) + 1,
             timeout=20,
             message=lambda: f"forgeries not handled: {s.engine.stats}",
         )
@@ -389,7 +244,7 @@ async def test_locs_that_would_escape_the_mirror_are_refused(
             payload = notification(s.source, seq, loc, "created", when, hash=fixity(b"x"))
             s.forger.send(json.dumps(payload).encode())
         await async_wait_for(
-            lambda: s.engine.stats.failed >= len(hostile),
+            lambda: s.engine.stats.refused >= len(hostile),
             timeout=20,
             message=lambda: f"not all refused: {s.engine.stats}",
         )
@@ -419,7 +274,7 @@ async def test_a_hash_mismatch_is_retried_reported_and_not_applied(
             json.dumps(notification(s.source, 1, loc, "updated", when, hash=lie)).encode()
         )
         await async_wait_for(
-            lambda: s.engine.stats.failed >= 1,
+            lambda: s.engine.stats.refused >= 1,
             timeout=20,
             message=lambda: f"mismatch not reported: {s.engine.stats}",
         )
@@ -506,3 +361,184 @@ async def test_a_subscriber_with_a_secret_refuses_unsigned_notifications_and_pol
         [("applied", None)],  # the badly signed change came from polling
         [("applied", 103)],  # the signed change came from its notification
     ]
+
+
+# --- forgeries that used to freeze a mirror (security finding, issue 22) --------------
+
+FAR_FUTURE = datetime(2099, 1, 1, tzinfo=UTC)
+SIGNED = pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "with-secret"])
+
+
+def _send_genuine(s: Setup, seq: int, entry: Entry, signed: bool) -> None:
+    payload = of_entry(s.source, seq, entry)
+    s.forger.send(payload, sign(payload, SECRET) if signed else None)
+
+
+async def _events(s: Setup) -> list[tuple[str, str]]:
+    assert s.sub._cursors is not None
+    return [(kind, detail) for _, _, kind, detail in await s.sub._cursors.events(1000)]
+
+
+@SIGNED
+async def test_a_far_future_forgery_skips_no_genuine_change(
+    signed: bool, tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """The probe's scenario: one forged "created" dated 2099 under the next sequence number.
+
+    Before the fix the subscriber without a secret saved 2099 as its Change
+    List position: the next 20 genuine changes were skipped without a word and
+    a restart caught up nothing.  Now the forgery is refused and reported, every
+    genuine change is applied, the position never passes the Source's own
+    newest change, and a restart catches up what changed while it was down.
+    """
+    options: dict[str, Any] = {"secrets": {"k1": SECRET}} if signed else {}
+    source = Source()
+    await source.start({"a.txt": b"alpha\n", "b.txt": b"bravo\n", "c.txt": b"charlie\n"})
+    try:
+        async with following(tmp_path, mosquitto, source=source, **options) as s:
+            forged = notification(
+                source, 1, source.url("r/does-not-exist.txt"), "created", FAR_FUTURE
+            )
+            s.forger.send(json.dumps(forged).encode())  # seq 1 = head + 1
+            entries = []
+            for i in range(20):  # creates, updates and deletes of other resources
+                name = ("a.txt", "b.txt", f"new{i % 5}.txt", "c.txt")[i % 4]
+                delete = i % 7 == 6 and name in source.files
+                entries.append(source.change(name, None if delete else f"v{i}\n".encode()))
+                _send_genuine(s, i + 1, entries[-1], signed)
+            await async_wait_for(
+                lambda: not s.differences(),
+                timeout=30,
+                message=lambda: f"genuine changes skipped: {s.differences()}, {s.engine.stats}",
+            )
+            events = await async_wait_for(
+                lambda: _forgery_reported(s, signed), timeout=20, message="forgery not reported"
+            )
+            assert events
+            newest = entries[-1].datetime
+            assert newest is not None
+            position = s.engine.applied.last_time
+            assert position is None or position <= newest, f"position moved to {position}"
+            assert not path_for(source.url("r/does-not-exist.txt"), s.mirror).exists()
+        # Changes while the subscriber is down, announced by nobody: the restart
+        # catches them up (before the fix it caught up nothing).
+        for i in range(5):
+            source.change(f"offline{i}.txt", f"made while away {i}\n".encode())
+        source.change("a.txt", b"alpha, changed while away\n")
+        async with following(tmp_path, mosquitto, source=source, **options) as s:
+            assert s.differences() == []  # the start-up catch-up found all of them
+    finally:
+        await source.stop()
+
+
+async def _forgery_reported(s: Setup, signed: bool) -> list[tuple[str, str]]:
+    if signed:  # unsigned on a channel that requires signatures: refused, then a catch-up
+        wanted = [e for e in await _events(s) if "notification is not signed" in e[1]]
+    else:  # dated beyond the clock-skew bound: refused and reported as such
+        wanted = [e for e in await _events(s) if e[0] == "refused" and "2099" in e[1]]
+    return wanted
+
+
+@SIGNED
+async def test_a_forged_deletion_removes_nothing_the_source_still_serves(
+    signed: bool, tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """A deletion pushed without (a valid) signature is confirmed at the Source first."""
+    options: dict[str, Any] = {"secrets": {"k1": SECRET}} if signed else {}
+    async with following(tmp_path, mosquitto, **options) as s:
+        loc = s.source.url("r/a.txt")
+        when = w3cdt.now()
+        s.forger.send(json.dumps(notification(s.source, 1, loc, "deleted", when)).encode())
+        if signed:
+            await async_wait_for(
+                lambda: _forgery_reported_unsigned(s), timeout=20, message="forgery not refused"
+            )
+        else:
+            records = await s.outcomes(loc, when)
+            assert [r.outcome for r in records] == ["unconfirmed"]
+            assert s.engine.stats.refused >= 1
+        assert path_for(loc, s.mirror).exists(), "a forged deletion removed a file"
+        # A genuine deletion still goes through: the Source answers 404 (or it is signed).
+        gone = s.source.change("b.txt", None)
+        _send_genuine(s, 1, gone, signed)
+        await async_wait_for(lambda: not s.differences(), timeout=20, message=s.differences)
+        assert gone.datetime is not None
+        rows = await s.outcomes(gone.loc, gone.datetime)
+    assert [r.outcome for r in rows][-1] == "deleted"
+
+
+async def _forgery_reported_unsigned(s: Setup) -> bool:
+    return any("notification is not signed" in detail for _, detail in await _events(s))
+
+
+async def test_a_forged_sequence_number_does_not_hide_the_genuine_notification(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """On an unsigned channel a forgery can take the next number, or jump far ahead.
+
+    The genuine notifications that come with those numbers afterwards are
+    still applied from push (not dropped as "duplicates"), and the collision
+    is reported.
+    """
+    async with following(tmp_path, mosquitto) as s:
+        a = s.source.url("r/a.txt")
+        s.forger.send(json.dumps(notification(s.source, 1, a, "updated", w3cdt.now())).encode())
+        first = s.source.change("c.txt", b"charlie, second\n")
+        _send_genuine(s, 1, first, signed=False)  # the number the forgery took
+        s.forger.send(json.dumps(notification(s.source, 1000, a, "updated", w3cdt.now())).encode())
+        later = [s.source.change(n, f"{n} {i}\n".encode()) for i, n in ((2, "b.txt"), (3, "d.txt"))]
+        for seq, entry in zip((2, 3), later, strict=True):
+            _send_genuine(s, seq, entry, signed=False)
+        await async_wait_for(lambda: not s.differences(), timeout=20, message=s.differences)
+        rows = [await s.outcomes(e.loc, e.datetime) for e in (first, *later) if e.datetime]
+        events = await _events(s)
+    # Applied from their notifications (with their seqs), not only by a later catch-up.
+    assert [(found[0].outcome, found[0].seq) for found in rows] == [
+        ("applied", 1),
+        ("applied", 2),
+        ("applied", 3),
+    ]
+    assert any(kind == "conflict" and "seq 1 came with two different" in d for kind, d in events)
+
+
+async def test_a_flood_of_garbage_costs_the_source_one_walk_per_interval(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """Unreadable payloads on an unsigned channel are doubts, settled by rate-limited walks."""
+    async with following(tmp_path, mosquitto) as s:
+        walks = s.source.hits["/changelist.xml"]
+        catchups, doubts = s.engine.stats.catchups, s.engine.stats.doubts
+        for _ in range(50):
+            s.forger.send(b"\x00 not a notification")
+        await async_wait_for(
+            lambda: (
+                s.engine.stats.doubts - doubts == 50
+                and s.engine._doubts.reason is None
+                and s.engine.stats.catchups > catchups
+                and s.engine.stats.state == "live"
+            ),
+            timeout=30,
+            message="the doubts were not settled",
+        )
+        extra = s.engine.stats.catchups - catchups
+        reads = s.source.hits["/changelist.xml"] - walks
+        reported = [e for e in await _events(s) if e[0] == "invalid"]
+    assert 1 <= extra <= 3, f"{extra} catch-ups for 50 garbage payloads"
+    assert reads <= 3 * extra, f"{reads} Change List reads"
+    assert 1 <= len(reported) <= extra, "one report per walk, not one per payload"
+
+
+@SIGNED
+async def test_the_start_up_says_whether_push_is_trusted(
+    signed: bool, tmp_path: Path, mosquitto: Mosquitto, caplog: pytest.LogCaptureFixture
+) -> None:
+    options: dict[str, Any] = {"secrets": {"k1": SECRET}} if signed else {}
+    with caplog.at_level(logging.WARNING, logger="rsnotify.subscribe"):
+        async with following(tmp_path, mosquitto, **options):
+            pass
+    warned = [r for r in caplog.records if "not signed" in r.getMessage()]
+    if signed:
+        assert warned == []
+    else:
+        assert len(warned) == 1
+        assert "anonymous" in warned[0].getMessage()

@@ -22,6 +22,14 @@ catching up) becomes bytes on the Destination's disk.  Its guarantees:
   and hashed as they arrive; advertised length and hashes are checked before
   the rename (see :mod:`.mirror`).  A mismatch is retried with backoff and
   finally reported, the old file untouched.
+* **Pushed changes are hints.**  A change submitted with ``confirmed=False``
+  (pushed without a signature) or dated beyond the allowed clock skew writes
+  a *provisional* state (:mod:`.trust`): it never makes another change look
+  older, so a forged datetime costs at most a re-fetch.  A provisional state
+  becomes trusted when the Source's Change List lists exactly that change
+  (:attr:`Outcome.CONFIRMED`, nothing fetched).  An unconfirmed deletion
+  removes a file only once the Source answers 404/410 for it
+  (:attr:`Outcome.UNCONFIRMED` otherwise, and the file stays).
 * **No SSRF.**  ``loc`` and every ``rel="duplicate"`` mirror must be on an
   allowed origin; the check happens before any connection and again on every
   redirect hop (:mod:`rsnotify.fetch`).  A refused ``loc`` is reported, never
@@ -45,12 +53,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import inspect
 import logging
 from collections import deque
 from collections.abc import AsyncIterable, Callable, Collection, Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -60,7 +69,8 @@ from ..errors import FetchError, RsNotifyError
 from ..fetch import Fetcher, OriginNotAllowed, ResponseTooLarge, check_origin, origin_of
 from ..model import ChangeType, parse_hashes
 from .mirror import FixityMismatch, Mirror, PathConflict, UnsafePath, Written
-from .resources import ResourceState, ResourceStore
+from .resources import APPLY, CONFIRM, KEEP, ResourceState, ResourceStore
+from .trust import DEFAULT_MAX_SKEW, beyond_skew
 
 __all__ = ["Applier", "Hooks", "InvalidChange", "Outcome"]
 
@@ -74,6 +84,8 @@ RECORD_BATCH = 2_000  # metadata-only changes recorded per transaction
 IN_MEMORY_BYTES = 256 << 10
 HELD_BODIES = 256
 _RETRYABLE_STATUS = frozenset({408, 425, 429})
+_OUTDATED_DELETE = "the Source still serves it: a newer change than this deletion was applied"
+_OUTDATED_BYTES = "the Source serves what the mirror already holds from a newer change"
 _GONE_STATUS = frozenset({404, 410})
 
 
@@ -88,6 +100,8 @@ class Outcome(StrEnum):
     DELETED = "deleted"  # deleted: file removed (or already absent)
     RECORDED = "recorded"  # metadata_only: state recorded, nothing fetched
     SKIPPED_ALREADY_APPLIED = "skipped_already_applied"
+    CONFIRMED = "confirmed"  # the Change List lists the change a provisional state holds
+    OUTDATED = "outdated"  # older than a provisional state, and the Source agrees with that
     SUPERSEDED = "superseded"  # failed, but a newer change of the loc is queued
     REFUSED_ORIGIN = "refused_origin"
     UNSAFE_PATH = "unsafe_path"
@@ -96,6 +110,7 @@ class Outcome(StrEnum):
     LENGTH_MISMATCH = "length_mismatch"
     NOT_FOUND = "not_found"
     FETCH_FAILED = "fetch_failed"
+    UNCONFIRMED = "unconfirmed"  # an unsigned deletion the Source does not confirm
 
     @property
     def done(self) -> bool:
@@ -109,6 +124,8 @@ _DONE = frozenset(
         Outcome.DELETED,
         Outcome.RECORDED,
         Outcome.SKIPPED_ALREADY_APPLIED,
+        Outcome.CONFIRMED,
+        Outcome.OUTDATED,
         Outcome.SUPERSEDED,
     }
 )
@@ -144,9 +161,16 @@ class _Change:
     hashes: dict[str, str]
     length: int | None
     duplicates: tuple[str, ...]
+    # False: nobody vouched for this change (pushed unsigned, or dated beyond
+    # the allowed skew); its state is provisional and a deletion is checked.
+    confirmed: bool = True
+
+    @property
+    def identity(self) -> tuple[str, datetime, ChangeType]:
+        return (self.loc, self.datetime, self.change)
 
 
-def _read_change(obj: Any) -> _Change:
+def _read_change(obj: Any, *, confirmed: bool = True, max_skew: float | None = None) -> _Change:
     loc = getattr(obj, "loc", None)
     if not isinstance(loc, str) or not loc:
         raise InvalidChange(f"change without a loc: {obj!r:.200}")
@@ -172,6 +196,8 @@ def _read_change(obj: Any) -> _Change:
         if rel == "duplicate" and isinstance(href, str) and href:
             duplicates.append((pri if isinstance(pri, int) else 999_999, href))
     duplicates.sort(key=lambda item: item[0])  # stable: document order among equals
+    if max_skew is not None and beyond_skew(when, datetime.now(UTC), max_skew):
+        confirmed = False
     return _Change(
         loc=loc,
         change=kind,
@@ -180,20 +206,39 @@ def _read_change(obj: Any) -> _Change:
         hashes=parse_hashes(getattr(obj, "hash", None)),
         length=length,
         duplicates=tuple(href for _, href in duplicates),
+        confirmed=confirmed,
     )
 
 
 _Queued = tuple[_Change, Any, "asyncio.Future[Outcome]"]
 
 
-def _already_applied(state: ResourceState | None, change: _Change) -> bool:
-    if state is None or state.datetime < change.datetime:
+def _provisional(state: ResourceState, max_skew: float) -> bool:
+    """A state whose datetime nobody vouched for (see :mod:`.trust`)."""
+    return not state.confirmed or beyond_skew(state.datetime, datetime.now(UTC), max_skew)
+
+
+def _same_change(state: ResourceState, change: _Change) -> bool:
+    return state.datetime == change.datetime and state.change == change.change
+
+
+def _already_applied(state: ResourceState | None, change: _Change, max_skew: float) -> bool:
+    if state is None:
+        return False
+    if _provisional(state, max_skew):
+        # Its datetime may be forged: only the very same change counts as done.
+        return _same_change(state, change)
+    if state.datetime < change.datetime:
         return False
     if state.datetime > change.datetime:
         return True
     if state.seq is not None and change.seq is not None:
         return state.seq >= change.seq
     return state.change == change.change
+
+
+class _AlreadyHeld(Exception):
+    """The Source serves exactly the bytes the mirror holds (see ``unless_sha256``)."""
 
 
 @dataclass(slots=True)
@@ -237,6 +282,7 @@ class Applier:
         max_resource_bytes: int = DEFAULT_MAX_RESOURCE_BYTES,
         backoff_initial: float = 0.2,
         backoff_max: float = 10.0,
+        max_skew: float = DEFAULT_MAX_SKEW,
     ):
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -258,6 +304,7 @@ class Applier:
         self.max_resource_bytes = max_resource_bytes
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
+        self.max_skew = max_skew
         self._semaphore = asyncio.Semaphore(concurrency)
         self._held = asyncio.Semaphore(max(HELD_BODIES, concurrency))
         self._tails: dict[str, asyncio.Task[Outcome]] = {}
@@ -274,14 +321,17 @@ class Applier:
         """Submitted changes not finished yet (for back-pressure)."""
         return len(self._pending)
 
-    def submit(self, change: Any) -> asyncio.Future[Outcome]:
+    def submit(self, change: Any, *, confirmed: bool = True) -> asyncio.Future[Outcome]:
         """Queue ``change``; it runs after every earlier submitted change of its ``loc``.
 
-        Raises :class:`InvalidChange` at once for an unusable object.  The
-        returned future holds the :class:`Outcome` (or a local failure).
+        ``confirmed=False`` marks a change nobody vouched for (pushed without a
+        signature): see the module docstring.  Raises :class:`InvalidChange` at
+        once for an unusable object.  The returned future holds the
+        :class:`Outcome` (or a local failure).
         """
-        view = _read_change(change)
-        if self.metadata_only:
+        view = _read_change(change, confirmed=confirmed, max_skew=self.max_skew)
+        if self.metadata_only and (view.confirmed or view.change is not ChangeType.DELETED):
+            # An unconfirmed deletion takes the per-change path: it asks the Source.
             return self._submit_record(view, change)
         previous = self._tails.get(view.loc)
         self._queued.setdefault(view.loc, []).append(view.datetime)
@@ -345,39 +395,48 @@ class Applier:
             [view.loc for (view, _, _), (_, refusal) in zip(batch, vetted, strict=True)
              if refusal is None]
         )  # fmt: skip
-        rows: list[tuple[tuple[Any, ...], bool]] = []
+        rows: list[tuple[tuple[Any, ...], int]] = []
         plan: list[tuple[Outcome, _Failure | None]] = []
         for (view, _, _), (_, refusal) in zip(batch, vetted, strict=True):
+            state = states.get(view.loc)
             if refusal is not None:
-                outcome, update = refusal.outcome, False
-            elif _already_applied(states.get(view.loc), view):
-                outcome, update = Outcome.SKIPPED_ALREADY_APPLIED, False
+                outcome, update = refusal.outcome, KEEP
+            elif self._confirms(state, view):
+                outcome, update = Outcome.CONFIRMED, CONFIRM
+            elif _already_applied(state, view, self.max_skew):
+                outcome, update = Outcome.SKIPPED_ALREADY_APPLIED, KEEP
             else:
-                outcome, update = Outcome.RECORDED, True
+                outcome, update = Outcome.RECORDED, APPLY
             row = store.row(
                 view.loc,
                 view.change,
                 view.datetime,
                 outcome=outcome,
                 seq=view.seq,
-                sha256=view.hashes.get("sha-256") if update else None,
-                length=view.length if update else None,
+                sha256=view.hashes.get("sha-256") if update == APPLY else None,
+                length=view.length if update == APPLY else None,
                 detail=refusal.detail if refusal is not None else None,
+                confirmed=view.confirmed,
             )
             rows.append((row, update))
             plan.append((outcome, refusal))
-            if update:
-                state = states.get(view.loc)
-                if state is None or view.datetime >= state.datetime:
-                    states[view.loc] = ResourceState(
-                        loc=view.loc,
-                        change=view.change,
-                        datetime=view.datetime,
-                        seq=view.seq,
-                        sha256=None,
-                        length=None,
-                        applied_at=view.datetime,
-                    )
+            if update == CONFIRM and state is not None:
+                states[view.loc] = replace(state, confirmed=True)
+            elif update == APPLY and (
+                state is None
+                or view.datetime >= state.datetime
+                or _provisional(state, self.max_skew)
+            ):
+                states[view.loc] = ResourceState(
+                    loc=view.loc,
+                    change=view.change,
+                    datetime=view.datetime,
+                    seq=view.seq,
+                    sha256=None,
+                    length=None,
+                    applied_at=view.datetime,
+                    confirmed=view.confirmed,
+                )
         await store.record_rows(rows)
         for (view, change, future), (path, _), (outcome, refusal) in zip(
             batch, vetted, plan, strict=True
@@ -452,24 +511,69 @@ class Applier:
 
     # -- one change -------------------------------------------------------------
 
-    async def apply(self, change: Any) -> Outcome:
+    async def apply(self, change: Any, *, confirmed: bool = True) -> Outcome:
         """Apply one change now (no ordering against other calls; see :meth:`submit`)."""
-        return await self._apply(_read_change(change), change, lambda: False)
+        view = _read_change(change, confirmed=confirmed, max_skew=self.max_skew)
+        return await self._apply(view, change, lambda: False)
 
-    async def _apply(self, view: _Change, change: Any, superseded: Any) -> Outcome:
-        path, refusal = self._vet(view)
-        if refusal is not None:
-            return await self._report(view, change, refusal)
-        assert path is not None
-        if _already_applied(await self.resources.get(view.loc), view):
+    def _confirms(self, state: ResourceState | None, view: _Change) -> bool:
+        """``view`` (trusted) is exactly the change a provisional state holds."""
+        return (
+            view.confirmed
+            and state is not None
+            and not state.confirmed
+            and _same_change(state, view)
+        )
+
+    async def _settled(self, view: _Change, state: ResourceState | None) -> Outcome | None:
+        """CONFIRMED or SKIPPED_ALREADY_APPLIED (recorded) if nothing is left to do."""
+        if self._confirms(state, view):
+            await self.resources.record_confirmed(
+                view.loc, view.change, view.datetime, seq=view.seq
+            )
+            return Outcome.CONFIRMED
+        if _already_applied(state, view, self.max_skew):
             await self.resources.record_outcome(
                 view.loc,
                 view.change,
                 view.datetime,
                 seq=view.seq,
                 outcome=Outcome.SKIPPED_ALREADY_APPLIED,
+                confirmed=view.confirmed,
             )
             return Outcome.SKIPPED_ALREADY_APPLIED
+        return None
+
+    async def _apply(self, view: _Change, change: Any, superseded: Any) -> Outcome:
+        path, refusal = self._vet(view)
+        if refusal is not None:
+            return await self._report(view, change, refusal)
+        assert path is not None
+        state = await self.resources.get(view.loc)
+        settled = await self._settled(view, state)
+        if settled is not None:
+            return settled
+        # Older than a state nobody vouched for: that state may be forged (then
+        # this change must be applied) or genuine (then applying this one would
+        # go back in time).  Only the Source can tell: ask it.
+        recheck = (
+            state is not None
+            and view.datetime <= state.datetime
+            and _provisional(state, self.max_skew)
+        )
+        if view.change is ChangeType.DELETED and (
+            not view.confirmed or (recheck and not self.metadata_only)
+        ):
+            if superseded():  # whatever the newer change says is what the mirror gets
+                return await self._report(
+                    view, change, _Failure(Outcome.SUPERSEDED, False, "a newer change is queued")
+                )
+            doubt = await self._confirm_gone(view, superseded)
+            if doubt is not None:
+                if doubt.outcome is Outcome.UNCONFIRMED and view.confirmed:
+                    # Listed by the Source, and the Source has moved past it.
+                    doubt = _Failure(Outcome.OUTDATED, False, _OUTDATED_DELETE)
+                return await self._report(view, change, doubt)
         if self.metadata_only:
             await self.resources.record_applied(
                 view.loc,
@@ -479,6 +583,7 @@ class Applier:
                 sha256=view.hashes.get("sha-256"),
                 length=view.length,
                 outcome=Outcome.RECORDED,
+                confirmed=view.confirmed,
             )
             await self._hook(view, change, path)
             return Outcome.RECORDED
@@ -498,6 +603,7 @@ class Applier:
                 seq=view.seq,
                 outcome=Outcome.DELETED,
                 detail=None if removed else "no file to remove",
+                confirmed=view.confirmed,
             )
             await self._hook(view, change, path)
             return Outcome.DELETED
@@ -509,7 +615,8 @@ class Applier:
             return await self._report(
                 view, change, _Failure(Outcome.SUPERSEDED, False, "a newer change is queued")
             )
-        result = await self._fetch(view, path, superseded)
+        held = state.sha256 if recheck and state is not None else None
+        result = await self._fetch(view, path, superseded, unless_sha256=held)
         if isinstance(result, _Failure):
             return await self._report(view, change, result)
         written, url = result
@@ -529,6 +636,7 @@ class Applier:
             length=written.length,
             outcome=Outcome.APPLIED,
             detail=detail,
+            confirmed=view.confirmed,
         )
         await self._hook(view, change, path)
         return Outcome.APPLIED
@@ -544,17 +652,14 @@ class Applier:
         back to fetching ``loc``.  ``source`` names where the bytes came from
         (the apply log's detail).
         """
-        view = _read_change(change)
+        view = _read_change(change, max_skew=self.max_skew)
         path, refusal = self._vet(view)
         if refusal is not None:
             return await self._report(view, change, refusal)
         assert path is not None
-        if _already_applied(await self.resources.get(view.loc), view):
-            await self.resources.record_outcome(
-                view.loc, view.change, view.datetime, seq=view.seq,
-                outcome=Outcome.SKIPPED_ALREADY_APPLIED,
-            )  # fmt: skip
-            return Outcome.SKIPPED_ALREADY_APPLIED
+        settled = await self._settled(view, await self.resources.get(view.loc))
+        if settled is not None:
+            return settled
         try:
             async with self._semaphore:
                 written = await self.mirror.write_atomic(
@@ -594,9 +699,14 @@ class Applier:
         return urls
 
     async def _fetch(
-        self, view: _Change, path: Path, superseded: Any
+        self, view: _Change, path: Path, superseded: Any, *, unless_sha256: str | None = None
     ) -> tuple[Written, str] | _Failure:
-        """Try duplicates then ``loc``, in rounds with backoff, until one verifies."""
+        """Try duplicates then ``loc``, in rounds with backoff, until one verifies.
+
+        ``unless_sha256``: the digest of what the mirror holds from a newer,
+        provisional change; a body with that digest means the Source agrees
+        with the mirror, and nothing is written (:attr:`Outcome.OUTDATED`).
+        """
         candidates = self._candidates(view)
         backoff = Backoff(initial=self.backoff_initial, maximum=self.backoff_max)
         rounds = not_found = 0
@@ -604,7 +714,9 @@ class Applier:
             failure: _Failure | None = None
             for url in list(candidates):
                 try:
-                    return await self._fetch_one(url, view, path), url
+                    return await self._fetch_one(url, view, path, unless_sha256), url
+                except _AlreadyHeld:
+                    return _Failure(Outcome.OUTDATED, False, _OUTDATED_BYTES)
                 except (UnsafePath, PathConflict) as exc:  # about the path: no URL can help
                     return _path_failure(exc)
                 except (FetchError, FixityMismatch) as exc:
@@ -635,13 +747,54 @@ class Applier:
             if superseded():  # a newer change arrived while this one waited
                 return _Failure(Outcome.SUPERSEDED, False, failure.detail)
 
+    async def _confirm_gone(self, view: _Change, superseded: Any) -> _Failure | None:
+        """None once the Source answers 404/410 for ``loc``; else why the file stays.
+
+        A deletion nobody vouched for must not remove a file the Source still
+        serves (a forged notification on a broker without ACLs, a replayed old
+        one): the Source is asked, with the same retries as a fetch.  A
+        deletion that is genuine but quickly followed by a re-creation is
+        refused too, correctly: the catch-up this causes finds both.
+        """
+        backoff = Backoff(initial=self.backoff_initial, maximum=self.backoff_max)
+        for attempt in range(self.retries + 1):
+            try:
+                async with (
+                    self._semaphore,
+                    self.fetcher.stream(
+                        view.loc,
+                        max_bytes=self.max_resource_bytes,
+                        timeout=self.timeout,
+                        allowed_origins=self.allowed_origins,
+                    ) as stream,
+                ):
+                    status = stream.result.status
+                return _Failure(
+                    Outcome.UNCONFIRMED,
+                    False,
+                    f"the Source still serves it (HTTP {status}): a deletion pushed without a "
+                    "signature is applied only once the Source answers 404 or 410",
+                )
+            except FetchError as exc:
+                if exc.status in _GONE_STATUS:
+                    return None
+                failure = self._classify(exc, view)
+                if not failure.retryable or attempt == self.retries:
+                    return failure
+            if superseded():
+                return _Failure(Outcome.SUPERSEDED, False, "a newer change is queued")
+            await asyncio.sleep(backoff.next())
+        raise AssertionError("unreachable")  # the loop returns on its last attempt
+
     @staticmethod
     def _maybe_superseded(failure: _Failure, superseded: Any) -> _Failure:
         if superseded():
             return _Failure(Outcome.SUPERSEDED, False, failure.detail)
         return failure
 
-    async def _fetch_one(self, url: str, view: _Change, path: Path) -> Written:
+    async def _fetch_one(
+        self, url: str, view: _Change, path: Path, unless_sha256: str | None = None
+    ) -> Written:
         limit = view.length if view.length is not None else self.max_resource_bytes
         async with self._held:
             # Only transfers hold a slot: a change waiting out a backoff does not.
@@ -660,6 +813,8 @@ class Applier:
                         path, stream, expected_length=view.length, expected_hashes=view.hashes
                     )
                 data = await stream.read()
+            if unless_sha256 is not None and hashlib.sha256(data).hexdigest() == unless_sha256:
+                raise _AlreadyHeld
             # Small and of known size (nearly every resource): the transfer is
             # over, so its slot goes to the next fetch while these bytes wait
             # for the mirror's next write batch (verify, write, fsync, rename:

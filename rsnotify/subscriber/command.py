@@ -10,6 +10,7 @@ from ..logs import setup as setup_logging
 from ..report import url_argument
 from . import service
 from .service import SubscriberConfig
+from .trust import DEFAULT_MAX_SKEW
 
 NAME = "subscribe"
 HELP = "mirror a ResourceSync Source: baseline, then apply pushed changes, catching up on gaps"
@@ -106,6 +107,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="require notifications signed with this secret (repeat for key rotation)",
     )
     parser.add_argument(
+        "--max-clock-skew",
+        type=float,
+        default=DEFAULT_MAX_SKEW,
+        metavar="SECONDS",
+        help="refuse pushed changes dated more than this ahead of this host's clock, and never "
+        "trust such a date for ordering (default %(default)g)",
+    )
+    parser.add_argument(
         "--ws-token",
         default=os.environ.get("RSNOTIFY_WS_TOKEN"),
         help="bearer token for the WebSocket gateway",
@@ -162,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         heartbeat_timeout=args.heartbeat_timeout,
         safety_poll=args.safety_poll,
         secrets=parse_secrets(args.secret),
+        max_skew=args.max_clock_skew,
         ws_token=args.ws_token,
         allow_origins=args.allow_origin,
         on_change=args.on_change,

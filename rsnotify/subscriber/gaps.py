@@ -36,6 +36,9 @@ class Gap:
     reason: str
     first_missing: int | None = None
     last_missing: int | None = None
+    # True: only a walk of the Change Lists settles it (a replay from the log
+    # would bring the same untrusted pushes again).
+    walk: bool = False
 
     @property
     def size(self) -> int | None:
@@ -89,6 +92,18 @@ class GapDetector:
             return Verdict.APPLY, None
         self.expected = seq + 1
         return Verdict.GAP, Gap("sequence jump", expected, seq - 1)
+
+    def rewind(self, seq: int) -> None:
+        """Expect ``seq + 1`` next, although a higher number was counted before.
+
+        For unsigned channels only (see rsnotify.subscriber.trust): a number
+        below the expected one that was never received means the count was
+        pushed ahead by a forged notification, or the publisher started over;
+        either way the sequence now arriving is the one to follow.
+        """
+        self.expected = seq + 1
+        self._head_seen = None
+        self._head_deadline = None
 
     def on_invalid(self, reason: str) -> Gap:
         """An undecodable, oversized or badly signed payload."""

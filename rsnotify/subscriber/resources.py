@@ -7,6 +7,13 @@ newer one, across restarts, whichever path (push, log replay, Change List
 walk) delivers the change.  Deletes are remembered too, so a late "created"
 cannot resurrect a deleted resource.
 
+A state written from a change nobody vouched for (pushed without a
+signature, or dated beyond the allowed clock skew) is *provisional*
+(``confirmed`` = 0): its datetime may be forged, so it never stops an older
+change from being re-checked, and the guard lets any later write replace it.
+When the Source's own Change List lists exactly that change, it is confirmed
+in place (see :mod:`.trust`).
+
 Next to the per-resource state sits an append-only apply log: one row per
 outcome, written in the same transaction as the state.  Operators use it to see
 why a resource is missing or stale; tests use it to prove that no resource was
@@ -33,7 +40,7 @@ import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,7 +48,15 @@ from typing import Any, TypeVar
 from ..errors import RsNotifyError
 from ..model import ChangeType
 
-__all__ = ["ApplyRecord", "ResourceState", "ResourceStore", "ResourceStoreError"]
+__all__ = [
+    "APPLY",
+    "CONFIRM",
+    "KEEP",
+    "ApplyRecord",
+    "ResourceState",
+    "ResourceStore",
+    "ResourceStoreError",
+]
 
 T = TypeVar("T")
 
@@ -59,7 +74,8 @@ CREATE TABLE IF NOT EXISTS resources (
   seq INTEGER,
   sha256 TEXT,
   length INTEGER,
-  applied_us INTEGER NOT NULL
+  applied_us INTEGER NOT NULL,
+  confirmed INTEGER NOT NULL DEFAULT 1
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS apply_log (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -71,10 +87,16 @@ CREATE TABLE IF NOT EXISTS apply_log (
   sha256 TEXT,
   length INTEGER,
   outcome TEXT NOT NULL,
-  detail TEXT
+  detail TEXT,
+  confirmed INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS apply_log_by_loc ON apply_log(loc, id);
 """
+
+# What a state write does (the second item of every queued row).
+KEEP = 0  # log the outcome only (skipped, refused, failed)
+APPLY = 1  # the change is now the state of its loc (moving forward only)
+CONFIRM = 2  # the Source's Change List lists the change a provisional state holds
 
 
 class ResourceStoreError(RsNotifyError):
@@ -83,7 +105,13 @@ class ResourceStoreError(RsNotifyError):
 
 @dataclass(frozen=True, slots=True)
 class ResourceState:
-    """The newest change of one ``loc`` applied to the mirror."""
+    """The newest change of one ``loc`` applied to the mirror.
+
+    ``confirmed`` is False for a *provisional* state: one written from a
+    notification nobody vouched for (pushed without a signature, or dated
+    beyond the allowed clock skew).  Its datetime may be a forgery, so it
+    never makes another change look older (see :mod:`.trust`).
+    """
 
     loc: str
     change: ChangeType
@@ -92,6 +120,7 @@ class ResourceState:
     sha256: str | None
     length: int | None
     applied_at: datetime
+    confirmed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +137,7 @@ class ApplyRecord:
     length: int | None
     outcome: str
     detail: str | None
+    confirmed: bool = True
 
 
 def _to_us(value: datetime) -> int:
@@ -120,6 +150,19 @@ def _from_us(value: int) -> datetime:
     return _EPOCH + timedelta(microseconds=value)
 
 
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring a store written by an older rsnotify up to this schema (idempotent).
+
+    Before ``confirmed`` existed every state was trusted; they stay so (a
+    state dated beyond the clock-skew bound is still treated as provisional
+    by the applier, which undoes what a forged far-future notification did).
+    """
+    for table in ("resources", "apply_log"):
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if "confirmed" not in columns:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN confirmed INTEGER NOT NULL DEFAULT 1")
+
+
 class ResourceStore:
     """Per-resource applied state plus the apply log, in one SQLite file at ``path``."""
 
@@ -127,7 +170,7 @@ class ResourceStore:
         self.path = Path(path)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsnotify-resources")
         self._db: sqlite3.Connection | None = None
-        self._queue: list[tuple[tuple[Any, ...], bool, asyncio.Future[bool]]] = []
+        self._queue: list[tuple[tuple[Any, ...], int, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
         # loc -> state (None: known absent); most recently used last.
         self._cache: OrderedDict[str, ResourceState | None] = OrderedDict()
@@ -147,6 +190,7 @@ class ResourceStore:
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA busy_timeout=5000")
             db.executescript(_SCHEMA)
+            _migrate(db)
         except BaseException:
             db.close()
             raise
@@ -169,8 +213,8 @@ class ResourceStore:
         for start in range(0, len(locs), _READ_CHUNK):
             chunk = locs[start : start + _READ_CHUNK]
             marks = ",".join("?" * len(chunk))
-            for loc, change, when, seq, sha256, length, applied in self._db.execute(
-                "SELECT loc, change, datetime_us, seq, sha256, length, applied_us "
+            for loc, change, when, seq, sha256, length, applied, confirmed in self._db.execute(
+                "SELECT loc, change, datetime_us, seq, sha256, length, applied_us, confirmed "
                 f"FROM resources WHERE loc IN ({marks})",
                 chunk,
             ):
@@ -182,10 +226,11 @@ class ResourceStore:
                     sha256=sha256,
                     length=length,
                     applied_at=_from_us(applied),
+                    confirmed=bool(confirmed),
                 )
         return found
 
-    def _record_many(self, batch: list[tuple[tuple[Any, ...], bool]]) -> list[bool]:
+    def _record_many(self, batch: list[tuple[tuple[Any, ...], int]]) -> list[bool]:
         """Write a batch of rows in one transaction: one fsync for all of them."""
         db = self._db
         assert db is not None
@@ -194,25 +239,35 @@ class ResourceStore:
         try:
             for row, update_state in batch:
                 loc, change, when, seq, applied, sha256, length = row[:7]
+                confirmed = row[9]
                 changed = False
-                if update_state:
+                if update_state == CONFIRM:
+                    cursor = db.execute(
+                        "UPDATE resources SET confirmed=1 WHERE loc=? AND change=? "
+                        "AND datetime_us=? AND confirmed=0",
+                        (loc, change, when),
+                    )
+                    changed = cursor.rowcount > 0
+                elif update_state:
                     # The guard makes the store itself refuse to move a resource
-                    # backwards in time, whatever the caller checked before.
+                    # backwards in time, whatever the caller checked before; a
+                    # provisional state (nobody vouched for its datetime) gives way.
                     cursor = db.execute(
                         "INSERT INTO resources(loc, change, datetime_us, seq, sha256, length, "
-                        "applied_us) VALUES (?,?,?,?,?,?,?) "
+                        "applied_us, confirmed) VALUES (?,?,?,?,?,?,?,?) "
                         "ON CONFLICT(loc) DO UPDATE SET change=excluded.change, "
                         "datetime_us=excluded.datetime_us, seq=excluded.seq, "
                         "sha256=excluded.sha256, length=excluded.length, "
-                        "applied_us=excluded.applied_us "
-                        "WHERE excluded.datetime_us >= resources.datetime_us",
-                        (loc, change, when, seq, sha256, length, applied),
+                        "applied_us=excluded.applied_us, confirmed=excluded.confirmed "
+                        "WHERE excluded.datetime_us >= resources.datetime_us "
+                        "OR resources.confirmed = 0",
+                        (loc, change, when, seq, sha256, length, applied, confirmed),
                     )
                     changed = cursor.rowcount > 0
                 results.append(changed)
             db.executemany(
                 "INSERT INTO apply_log(loc, change, datetime_us, seq, applied_us, sha256, "
-                "length, outcome, detail) VALUES (?,?,?,?,?,?,?,?,?)",
+                "length, outcome, detail, confirmed) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 [row for row, _ in batch],
             )
             db.execute("COMMIT")
@@ -224,7 +279,7 @@ class ResourceStore:
             raise
         return results
 
-    async def _record(self, row: tuple[Any, ...], update_state: bool) -> bool:
+    async def _record(self, row: tuple[Any, ...], update_state: int) -> bool:
         """Queue a row for the next group commit and wait until it is durable.
 
         Callers that arrive while a commit is running share the next one, so
@@ -253,7 +308,7 @@ class ResourceStore:
                 continue
             for (row, update_state, future), changed in zip(batch, results, strict=True):
                 if update_state:
-                    self._remember_write(row, changed)
+                    self._remember_write(row, update_state, changed)
                 if not future.done():
                     future.set_result(changed)
 
@@ -266,11 +321,18 @@ class ResourceStore:
         if len(cache) > self._cache_size:
             cache.popitem(last=False)
 
-    def _remember_write(self, row: tuple[Any, ...], changed: bool) -> None:
+    def _remember_write(self, row: tuple[Any, ...], update_state: int, changed: bool) -> None:
         """Mirror a committed state write in the cache (the database decided ``changed``)."""
         loc = row[0]
         if not changed:
             # The database kept a newer state; the cached one (if any) is it.
+            return
+        if update_state == CONFIRM:
+            cached = self._cache.get(loc)
+            if cached is not None:
+                self._remember(loc, replace(cached, confirmed=True))
+            else:
+                self._cache.pop(loc, None)  # unknown here: the next read asks the database
             return
         change, when, seq, applied, sha256, length = row[1:7]
         self._remember(
@@ -283,6 +345,7 @@ class ResourceStore:
                 sha256=sha256,
                 length=length,
                 applied_at=_from_us(applied),
+                confirmed=bool(row[9]),
             ),
         )
 
@@ -316,7 +379,7 @@ class ResourceStore:
         assert self._db is not None
         query = (
             "SELECT id, loc, change, datetime_us, seq, applied_us, sha256, length, outcome, "
-            "detail FROM apply_log"
+            "detail, confirmed FROM apply_log"
         )
         args: list[Any] = []
         if loc is not None:
@@ -338,6 +401,7 @@ class ResourceStore:
                 length=row[7],
                 outcome=row[8],
                 detail=row[9],
+                confirmed=bool(row[10]),
             )
             for row in self._db.execute(query, args)
         ]
@@ -381,20 +445,21 @@ class ResourceStore:
                 answers[loc] = state
         return answers
 
-    async def record_rows(self, rows: list[tuple[tuple[Any, ...], bool]]) -> list[bool]:
+    async def record_rows(self, rows: list[tuple[tuple[Any, ...], int]]) -> list[bool]:
         """Write rows made by :meth:`row` in one transaction, in order.
 
-        ``(row, True)`` is :meth:`record_applied`, ``(row, False)`` is
-        :meth:`record_outcome`; the result says, per row, whether the state
-        moved.  For callers that already hold a whole batch (a catch-up of
-        recorded-only changes) and would otherwise pay a future per row.
+        ``(row, APPLY)`` is :meth:`record_applied`, ``(row, KEEP)`` is
+        :meth:`record_outcome`, ``(row, CONFIRM)`` is :meth:`record_confirmed`;
+        the result says, per row, whether the state moved.  For callers that
+        already hold a whole batch (a catch-up of recorded-only changes) and
+        would otherwise pay a future per row.
         """
         if self._flusher is not None and not self._flusher.done():
             await asyncio.shield(self._flusher)  # earlier single writes land first
         results = await self._run(self._record_many, rows)
         for (row, update_state), changed in zip(rows, results, strict=True):
             if update_state:
-                self._remember_write(row, changed)
+                self._remember_write(row, update_state, changed)
         return results
 
     def row(
@@ -409,9 +474,12 @@ class ResourceStore:
         length: int | None = None,
         detail: str | None = None,
         applied_at: datetime | None = None,
+        confirmed: bool = True,
     ) -> tuple[Any, ...]:
         """An apply-log row for :meth:`record_rows`."""
-        return self._row(loc, change, when, seq, sha256, length, outcome, detail, applied_at)
+        return self._row(
+            loc, change, when, seq, sha256, length, outcome, detail, applied_at, confirmed
+        )
 
     async def record_applied(
         self,
@@ -425,15 +493,37 @@ class ResourceStore:
         outcome: str = "applied",
         detail: str | None = None,
         applied_at: datetime | None = None,
+        confirmed: bool = True,
     ) -> bool:
         """Make ``change`` at ``when`` the state of ``loc`` and log it, atomically.
 
         The state only moves forward: if a change with a later datetime is
-        already recorded, the state is kept (the log row is still written) and
-        False is returned.
+        already recorded (and that state is not provisional), the state is
+        kept (the log row is still written) and False is returned.
+        ``confirmed=False`` writes a provisional state (see :class:`ResourceState`).
         """
-        row = self._row(loc, change, when, seq, sha256, length, outcome, detail, applied_at)
-        return await self._record(row, True)
+        row = self._row(
+            loc, change, when, seq, sha256, length, outcome, detail, applied_at, confirmed
+        )
+        return await self._record(row, APPLY)
+
+    async def record_confirmed(
+        self,
+        loc: str,
+        change: ChangeType | str,
+        when: datetime,
+        *,
+        seq: int | None = None,
+        outcome: str = "confirmed",
+    ) -> bool:
+        """The Source listed exactly the change a provisional state holds: trust it now.
+
+        Nothing is fetched and the file is untouched: the bytes came from the
+        Source when the provisional state was written.  Returns False if the
+        state is not that change (anymore) or was already confirmed.
+        """
+        row = self._row(loc, change, when, seq, None, None, outcome, None, None, True)
+        return await self._record(row, CONFIRM)
 
     async def record_outcome(
         self,
@@ -447,10 +537,13 @@ class ResourceStore:
         sha256: str | None = None,
         length: int | None = None,
         applied_at: datetime | None = None,
+        confirmed: bool = True,
     ) -> None:
         """Log an outcome that did not change the mirror (skipped, refused, failed)."""
-        row = self._row(loc, change, when, seq, sha256, length, outcome, detail, applied_at)
-        await self._record(row, False)
+        row = self._row(
+            loc, change, when, seq, sha256, length, outcome, detail, applied_at, confirmed
+        )
+        await self._record(row, KEEP)
 
     @staticmethod
     def _row(
@@ -463,6 +556,7 @@ class ResourceStore:
         outcome: str,
         detail: str | None,
         applied_at: datetime | None,
+        confirmed: bool,
     ) -> tuple[Any, ...]:
         kind = ChangeType(change)  # ValueError for anything but created/updated/deleted
         now = applied_at if applied_at is not None else datetime.now(UTC)
@@ -476,6 +570,7 @@ class ResourceStore:
             length,
             outcome,
             detail[:2000] if detail else detail,
+            int(confirmed),
         )
 
     async def apply_log(

@@ -43,6 +43,7 @@ from .redis_cursor import RedisCursorStore, destination_id
 from .resources import ResourceStore
 from .sync import CollectionSync
 from .telemetry import SubscriberMetrics
+from .trust import DEFAULT_MAX_SKEW
 
 log = logging.getLogger("rsnotify.subscribe")
 
@@ -62,6 +63,7 @@ class SubscriberConfig:
     heartbeat_timeout: float = 30.0
     safety_poll: float = 300.0
     secrets: dict[str, bytes] | None = None  # key id -> secret; None: accept unsigned
+    max_skew: float = DEFAULT_MAX_SKEW  # seconds a change may be dated ahead of this clock
     ws_token: str | None = None
     allow_origins: Sequence[str] = ()
     on_change: str | None = None
@@ -201,6 +203,7 @@ class Subscriber:
             metadata_only=config.metadata_only,
             hooks=hooks,
             retries=config.retries,
+            max_skew=config.max_skew,
         )
         mqtt_sinks: dict[str, Any] = {}
         mqtt_url: str | None = None
@@ -236,6 +239,7 @@ class Subscriber:
                 on_event=self._event_recorder(cid),
                 resourcelist_url=cap.capabilities.get(Capability.RESOURCELIST),
                 resourcedump_url=cap.capabilities.get(Capability.RESOURCEDUMP),
+                max_skew=config.max_skew,
             )
             self.engines[cid] = engine
             if config.once:
@@ -286,12 +290,31 @@ class Subscriber:
                     tls_insecure=config.mqtt_tls_insecure,
                 )
             )
+        if self._channels and not config.secrets:
+            self._warn_unsigned(mqtt_url)
         # Channels first, so nothing published during the catch-up is missed.
         for channel in self._channels:
             channel.start()
         if config.report:  # telemetry for `rsnotify dashboard` (see rsnotify.report)
             reporter = SubscriberReporter(config.report, self).attach()
             self._tasks.append(asyncio.create_task(reporter.run()))
+
+    def _warn_unsigned(self, mqtt_url: str | None) -> None:
+        """Say once what an unsigned channel means for this Destination (see .trust)."""
+        anonymous = mqtt_url is not None and not urlsplit(mqtt_url).username
+        where = (
+            "the broker takes anonymous clients, so anyone who reaches it may be able to "
+            "publish notifications"
+            if anonymous
+            else "anyone who can publish on the channel can send notifications"
+        )
+        log.warning(
+            "push notifications are not signed (no --secret): %s. They are used as hints "
+            "only (resources fetched from the Source, deletions confirmed there, the Change "
+            "List position moved only by reading the Source); give --secret to trust push "
+            "(see SECURITY.md)",
+            where,
+        )
 
     def _websub_channel(self, cap: Any, cid: str, via: str, engine: CollectionSync) -> Any:
         """A WebSub subscription for one collection (wiring; see :mod:`.websub`)."""

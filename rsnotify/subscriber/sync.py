@@ -13,7 +13,16 @@ Invariants, in the order the engine protects them:
    over changes that were applied, in order; notifications already covered by
    it are dropped; the applier itself refuses a change older than what a file
    already holds.
-3. **Durable.**  The cursor is written after the changes it covers are on
+3. **Push never moves what the Destination trusts** (:mod:`.trust`).  The
+   cursor's Change List position advances only over entries read from the
+   Source's own Change Lists; a pushed notification is a hint that makes the
+   applier fetch from the Source now.  So a forged, buggy or future-dated
+   notification costs at most a fetch or a catch-up, and the next walk of the
+   Change Lists starts where the Source itself last vouched for.  Unsigned
+   notifications are also checked against what was received under their
+   sequence number, and every doubt they raise (refused, unconfirmed,
+   conflicting) is settled by a walk of the Change Lists, rate-limited.
+4. **Durable.**  The cursor is written after the changes it covers are on
    disk, so a crash re-applies a few changes (no-ops) and skips none.
 
 Changes of one resource are applied in order, different resources
@@ -30,6 +39,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from .. import envelope
@@ -39,10 +49,12 @@ from ..errors import DocumentError, FetchError, RsNotifyError
 from ..model import Entry
 from ..publisher.watcher import CollectionWatcher
 from ..tracker import Checkpoint
+from ..w3cdt import format as format_datetime
 from . import events as ev
 from .applier import Applier, Outcome
 from .cursor import Cursor, CursorStore
 from .gaps import Gap, GapDetector, Verdict
+from .trust import DEFAULT_DOUBT_INTERVAL, DEFAULT_MAX_SKEW, DoubtLimiter, SeqMemory, beyond_skew
 
 log = logging.getLogger("rsnotify.subscribe")
 
@@ -56,8 +68,9 @@ CATCH_UP_ATTEMPTS = 5  # reads of the Change Lists before a catch-up gives up
 class _Pending:
     future: asyncio.Future[Outcome] | None  # None: nothing to apply, only a position
     seq: int | None
-    checkpoint: Checkpoint | None
+    checkpoint: Checkpoint | None  # None: a pushed change (it never moves the position)
     notification: Notification | None = None
+    confirmed: bool = True  # False: pushed unsigned (its failure is a doubt)
 
 
 @dataclass(slots=True)
@@ -68,6 +81,8 @@ class SyncStats:
     duplicates: int = 0
     gaps: int = 0
     catchups: int = 0
+    refused: int = 0  # pushed notifications refused (future-dated) or not confirmed
+    doubts: int = 0  # untrusted input that disagreed with the Source (each settled by a walk)
     last_gap: dict[str, Any] = field(default_factory=dict)
     state: str = "starting"  # starting, baseline, catching-up, live
 
@@ -95,6 +110,8 @@ class CollectionSync:
         resourcelist_url: str | None = None,
         resourcedump_url: str | None = None,
         tick: float = 0.5,
+        max_skew: float = DEFAULT_MAX_SKEW,
+        doubt_interval: float = DEFAULT_DOUBT_INTERVAL,
     ) -> None:
         self.collection = collection
         self.capability_list = capability_list
@@ -107,6 +124,13 @@ class CollectionSync:
         self.on_applied = on_applied
         self.on_event = on_event
         self.tick = tick
+        self.max_skew = max_skew
+        # Signed and verified notifications were read from the Change List by
+        # the publisher; anything else is a hint (see .trust).
+        self.trusted_push = keys is not None
+        self._seqs = SeqMemory()
+        self._doubts = DoubtLimiter(doubt_interval)
+        self._watcher_synced = False  # the watcher's position is the cursor's (no reset)
         self.resourcelist_url = resourcelist_url
         self.resourcedump_url = resourcedump_url
         self.queue: asyncio.Queue[ev.Event] = asyncio.Queue(QUEUE_SIZE)
@@ -140,9 +164,25 @@ class CollectionSync:
 
     async def load(self) -> Cursor | None:
         cursor = await self.cursors.get(self.collection)
+        self._watcher_synced = False
         if cursor is not None:
+            checkpoint = cursor.checkpoint
+            when = checkpoint.last_time
+            if when is not None and beyond_skew(when, datetime.now(UTC), self.max_skew):
+                # Written by a version that let push move the cursor, from a
+                # forged or future-dated notification: every later change would
+                # look old.  Read every Change List again; the resource states
+                # make that cheap, and those dated in the future are provisional.
+                log.warning(
+                    "%s: the saved Change List position is dated %s, in the future: "
+                    "reading every Change List again",
+                    self.collection,
+                    format_datetime(when),
+                    extra={"collection": self.collection},
+                )
+                checkpoint = Checkpoint(started=True)
             self.applied_seq = cursor.last_seq
-            self.applied = self._submitted = cursor.checkpoint
+            self.applied = self._submitted = checkpoint
             self.baseline_done = cursor.baseline_done
             self.detector.caught_up(cursor.last_seq, now=time.monotonic())
         return cursor
@@ -160,22 +200,26 @@ class CollectionSync:
 
     # -- the ordered pipeline ------------------------------------------------------------
 
-    def _submit(
-        self,
-        change: Any,
-        entry: Entry,
-        changelist: str | None,
-        seq: int | None,
-        notification: Notification | None = None,
-    ) -> None:
-        """Apply ``change`` unless the submitted frontier already covers it."""
+    def _submit(self, entry: Entry, changelist: str) -> None:
+        """Apply a Change List entry read from the Source, moving the position over it."""
         if not self._submitted.is_new(entry):
             self.stats.skipped += 1
-            self._pending.append(_Pending(None, seq, None))
+            self._pending.append(_Pending(None, None, None))
         else:
-            self._submitted = self._submitted.advance(entry, changelist or "")
-            future = self.applier.submit(change)
-            self._pending.append(_Pending(future, seq, self._submitted, notification))
+            self._submitted = self._submitted.advance(entry, changelist)
+            future = self.applier.submit(entry)
+            self._pending.append(_Pending(future, None, self._submitted))
+        self._wake.set()
+
+    def _submit_pushed(self, n: Notification) -> None:
+        """Apply a pushed change as a hint: it never moves the Change List position."""
+        if not self._submitted.is_new(_entry_of(n)):
+            # The Change Lists read from the Source already covered it.
+            self.stats.skipped += 1
+            self._pending.append(_Pending(None, n.seq, None))
+        else:
+            future = self.applier.submit(n, confirmed=self.trusted_push)
+            self._pending.append(_Pending(future, n.seq, None, n, self.trusted_push))
         self._wake.set()
 
     async def _commit_loop(self) -> None:
@@ -235,10 +279,12 @@ class CollectionSync:
                         self.idle.set()
                         log.error("%s", self.failure)
                         return
-                    self._count(outcome, item.notification)
+                    self._count(outcome, item)
                 self._pending.popleft()
                 if item.seq is not None:
-                    self.applied_seq = max(self.applied_seq or 0, item.seq)
+                    # In pipeline order, not max(): after an unsigned channel's
+                    # sequence was rewound (a forged jump), the genuine one rules.
+                    self.applied_seq = item.seq
                 if item.checkpoint is not None:
                     self.applied = item.checkpoint
                 moved = True
@@ -247,14 +293,25 @@ class CollectionSync:
             if not self._pending:
                 self.idle.set()
 
-    def _count(self, outcome: Outcome, notification: Notification | None) -> None:
+    def _count(self, outcome: Outcome, item: _Pending) -> None:
+        notification = item.notification
         if outcome.done:
-            if outcome is Outcome.SKIPPED_ALREADY_APPLIED:
+            if outcome in (Outcome.SKIPPED_ALREADY_APPLIED, Outcome.CONFIRMED):
                 self.stats.skipped += 1
             else:
                 self.stats.applied += 1
                 if notification is not None and self.on_applied is not None:
                     self.on_applied(notification, notification_received(notification), time.time())
+        elif notification is not None and not item.confirmed:
+            # A hint the Source does not bear out: forged, replayed, or overtaken
+            # by a newer change.  Not a failure of the mirror: the walk this
+            # triggers applies whatever the Source really holds.
+            self.stats.refused += 1
+            self._doubt(
+                "unconfirmed",
+                f"pushed {notification.change.value} of {notification.loc} (seq "
+                f"{notification.seq}) not confirmed by the Source ({outcome})",
+            )
         else:
             self.stats.failed += 1
 
@@ -296,20 +353,27 @@ class CollectionSync:
         applied = 0
         while True:
             try:
-                self.watcher.reset(self._submitted)
+                if not self._watcher_synced:
+                    # After a start or a failed read: from the cursor, reading
+                    # lists whole.  Otherwise the watcher goes on from the end of
+                    # the previous walk with conditional, ranged reads (pushed
+                    # changes do not move the position, so walks follow walks).
+                    self.watcher.reset(self._submitted)
+                    self._watcher_synced = True
                 for _ in range(CATCH_UP_PASSES):
                     result = await self.watcher.poll()
                     if not result.count:
                         break
                     for found in result.detections:
                         for entry in found.entries:
-                            self._submit(entry, entry, found.changelist, None)
+                            self._submit(entry, found.changelist)
                             applied += 1
                     self.watcher.commit(result.checkpoint)
                 if wait:
                     await self.drain()
                 return applied
             except (FetchError, DocumentError) as exc:
+                self._watcher_synced = False
                 if backoff.attempts + 1 >= CATCH_UP_ATTEMPTS:
                     # Not forever: ``--once`` must end with the reason, and a live
                     # engine is restarted from its cursor by the service, with a
@@ -341,9 +405,12 @@ class CollectionSync:
         replayable = (
             self.replay is not None
             and not self._replay_refused
+            and not gap.walk
             and gap.reason != "safety poll"
             and not gap.reason.startswith("no heartbeat")
         )
+        if not replayable:
+            self._doubts.settled(started)  # this walk settles every doubt raised so far
         if replayable or wait:
             await self.drain()  # a replay starts after what is applied
         if replayable and self.replay is not None and self.applied_seq is not None:
@@ -358,7 +425,7 @@ class CollectionSync:
         self._replay_refused = False
         last_seq: int | None = None
         for n in sorted(self._buffer, key=lambda n: n.seq):
-            self._submit(n, _entry_of(n), n.changelist, n.seq, n)
+            self._submit_pushed(n)
             last_seq = n.seq
         self._buffer.clear()
         if wait:
@@ -398,6 +465,17 @@ class CollectionSync:
         notification.received = message.received
         return notification
 
+    def _doubt(self, kind: str, detail: str) -> None:
+        """Untrusted input disagreed with the Source: walk the Change Lists (rate-limited).
+
+        Reported once per walk: a flood of forgeries must not become a flood of
+        log lines and event rows either (the walk's gap event counts the rest).
+        """
+        self.stats.doubts += 1
+        if self._doubts.reason is None:
+            self._event(kind, detail, {})
+        self._doubts.raise_doubt(detail)
+
     def _on_message(self, message: ev.Message) -> Gap | None:
         if message.generation < self._generation:
             self.stats.duplicates += 1  # from a connection a replay replaced
@@ -405,16 +483,71 @@ class CollectionSync:
         try:
             n = self._decode(message)
         except InvalidNotification as exc:
-            return self.detector.on_invalid(str(exc))
+            if self.trusted_push:
+                return self.detector.on_invalid(str(exc))
+            # Anyone may write garbage on an unsigned channel: a doubt, rate-limited.
+            self._doubt("invalid", f"invalid payload: {exc}")
+            return None
+        if not self.trusted_push:
+            self._on_unsigned(n, message.prev)
+            return None
         verdict, gap = self.detector.on_notification(n.seq, message.prev)
+        if beyond_skew(n.datetime, datetime.now(UTC), self.max_skew):
+            # Signed, so its sequence number counts; its date is not believed.
+            self._refuse_future(n)
+            return gap if verdict is Verdict.GAP else None
         if verdict is Verdict.DUPLICATE:
             self.stats.duplicates += 1
             return None
         if verdict is Verdict.GAP:
             self._buffer.append(n)
             return gap
-        self._submit(n, _entry_of(n), n.changelist, n.seq, n)
+        self._submit_pushed(n)
         return None
+
+    def _on_unsigned(self, n: Notification, prev: int | None) -> None:
+        """A notification nobody vouched for: a hint, whatever its sequence number says.
+
+        On a channel anyone may publish to, a sequence number proves nothing
+        (see .trust): a forged notification can take the number the genuine
+        one will come with, or jump far ahead so that every genuine one looks
+        like a duplicate.  So a "duplicate" is dropped only if exactly this
+        change came under that number before; otherwise the sequence is
+        rewound to it and the change applied (the resource store makes a true
+        repeat a no-op).  A number claimed by two different changes, and a
+        sequence jump, are doubts: the walk they cause (rate-limited) applies
+        whatever the Source really holds, and the notification itself is
+        applied at once meanwhile, never held back.
+        """
+        if beyond_skew(n.datetime, datetime.now(UTC), self.max_skew):
+            self._refuse_future(n)  # not counted: its number is as unproven as its date
+            return
+        known = self._seqs.seen(n.seq, n.identity)
+        clash = self._seqs.remember(n.seq, n.identity)
+        verdict, gap = self.detector.on_notification(n.seq, prev)
+        if clash is not None:
+            self._doubt(
+                "conflict",
+                f"seq {n.seq} came with two different changes ({clash[2]} {clash[0]} and "
+                f"{n.change.value} {n.loc}): one is forged, or the publisher reassigned it",
+            )
+        elif verdict is Verdict.DUPLICATE:
+            if known:
+                self.stats.duplicates += 1
+                return
+            self.detector.rewind(n.seq)
+        elif verdict is Verdict.GAP and gap is not None:
+            self._doubt("gap", gap.reason)
+        self._submit_pushed(n)
+
+    def _refuse_future(self, n: Notification) -> None:
+        self.stats.refused += 1
+        self._doubt(
+            "refused",
+            f"refused notification seq {n.seq} for {n.loc}: its datetime "
+            f"{format_datetime(n.datetime)} is more than {self.max_skew:g}s ahead of this "
+            "host's clock",
+        )
 
     def _on_event(self, event: ev.Event, now: float) -> Gap | None:
         if isinstance(event, ev.Message):
@@ -430,6 +563,9 @@ class CollectionSync:
             self._replay_refused = True  # the next catch-up walks the Change Lists
             return Gap(f"log no longer holds seq {event.since + 1} (earliest {event.earliest})")
         if isinstance(event, ev.Invalid):
+            if not self.trusted_push:
+                self._doubt("invalid", f"invalid payload: {event.reason}")
+                return None
             return self.detector.on_invalid(event.reason)
         if isinstance(event, ev.Overflow):
             return Gap("event queue overflow")
@@ -470,6 +606,10 @@ class CollectionSync:
             now = time.monotonic()
             gap = self._on_event(event, now) if event is not None else None
             gap = gap or self.detector.tick(now)
+            if gap is None:
+                doubt = self._doubts.due(now)
+                if doubt is not None:
+                    gap = Gap(doubt, walk=True)
             if self.failure is not None:
                 raise self.failure
             if gap is not None:
