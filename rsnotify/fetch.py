@@ -23,9 +23,12 @@ Errors, all documented and all under :class:`rsnotify.errors.RsNotifyError`:
   size" both catch it without knowing about this module.
 * :class:`DeadlineExceeded` -- the exchange (headers and body) outlasted the
   overall deadline, however steadily the server trickled bytes.
-* :class:`CompressionBomb` -- a ``Content-Encoding`` expanded beyond the
-  policy's ratio; the URL is then asked for with ``Accept-Encoding:
-  identity``, so a retry gets the plain bytes (bounded by ``max_bytes``).
+* :class:`UnwantedEncoding` -- a ``Content-Encoding`` on a response to a
+  request that asked for ``identity``.  Compressed bodies are accepted only
+  where what they may expand to is already bounded by the 50 MB document
+  limit (``max_bytes``); a fetch allowed more (a resource of unknown length,
+  up to 1 GiB) asks for ``identity``, so a small gzip response can never
+  become a gigabyte on disk.
 * :class:`OriginNotAllowed` -- a ``FetchError`` raised *before any connection*
   when the URL (or any redirect hop) is outside ``allowed_origins``.
 
@@ -41,8 +44,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from urllib.parse import unquote, urljoin
@@ -56,13 +58,13 @@ from .validators import is_strong_etag, strong_last_modified
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
-    "CompressionBomb",
     "DeadlineExceeded",
     "FetchResult",
     "FetchStream",
     "Fetcher",
     "OriginNotAllowed",
     "ResponseTooLarge",
+    "UnwantedEncoding",
     "check_origin",
     "has_rel",
     "origin_of",
@@ -76,10 +78,6 @@ USER_AGENT = user_agent()
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _SCHEMES = frozenset({"http", "https"})
 _BUSY = frozenset({429, 503})  # statuses whose Retry-After is honoured (RFC 9110 10.2.3)
-# Below this many decoded bytes no ratio is judged: a tiny body of zeros
-# compresses 1000:1 and costs nothing.
-_RATIO_FLOOR = 1 << 20
-_IDENTITY_MEMORY = 1024  # URLs remembered as "ask for identity" after a CompressionBomb
 
 
 class ResponseTooLarge(FetchError, DocumentTooLarge):
@@ -110,16 +108,15 @@ class DeadlineExceeded(FetchError):
         )
 
 
-class CompressionBomb(FetchError):
-    """A compressed body expanded beyond the allowed ratio; the rest was never decoded."""
+class UnwantedEncoding(FetchError):
+    """The server encoded a body we asked for as ``identity``; refused before decoding it."""
 
-    def __init__(self, url: str, encoding: str, raw: int, decoded: int, ratio: int):
-        self.raw = raw
-        self.decoded = decoded
+    def __init__(self, url: str, encoding: str):
+        self.encoding = encoding
         super().__init__(
             url,
-            f"Content-Encoding {encoding}: {raw} bytes expanded to more than {decoded} "
-            f"(over {ratio}:1); refused, the next request asks for Accept-Encoding: identity",
+            f"Content-Encoding {encoding} although Accept-Encoding: identity was asked "
+            "(a compressed body of unbounded size is not decoded)",
         )
 
 
@@ -364,8 +361,8 @@ class FetchStream:
     """An open response whose body is read chunk by chunk.
 
     ``result`` describes the response (its ``body`` stays empty); iterate the
-    stream for the body.  The byte limit, the fetch deadline (``expires``, a
-    loop time) and the decompression ratio are enforced as chunks arrive.
+    stream for the body.  The byte limit and the fetch deadline (``expires``,
+    a loop time) are enforced as chunks arrive.
     """
 
     def __init__(
@@ -377,8 +374,6 @@ class FetchStream:
         chunk_size: int,
         expires: float | None = None,
         deadline: float = 0.0,
-        max_ratio: int = 0,
-        on_bomb: Callable[[str], None] | None = None,
     ):
         self.result = result
         self.received = 0
@@ -387,9 +382,6 @@ class FetchStream:
         self._chunk_size = chunk_size
         self._expires = expires
         self._deadline = deadline
-        self._encoding = result.headers.get("content-encoding", "").strip().lower()
-        self._max_ratio = max_ratio if self._encoding not in ("", "identity") else 0
-        self._on_bomb = on_bomb
 
     def _fail(self, exc: FetchError) -> FetchError:
         assert self._response is not None
@@ -397,20 +389,6 @@ class FetchStream:
         # is never read from the socket.
         self._response.close()
         return exc
-
-    def _check_ratio(self) -> None:
-        """Refuse a body whose decoded size outruns what was transferred by the ratio."""
-        assert self._response is not None
-        raw = getattr(self._response.content, "total_raw_bytes", None)
-        if raw is None or self.received <= _RATIO_FLOOR:
-            return
-        if self.received > self._max_ratio * max(raw, 1):
-            url = self.result.url
-            if self._on_bomb is not None:
-                self._on_bomb(url)
-            raise self._fail(
-                CompressionBomb(url, self._encoding, raw, self.received, self._max_ratio)
-            )
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         response = self._response
@@ -433,8 +411,6 @@ class FetchStream:
             self.received += len(chunk)
             if self.received > self._max_bytes:
                 raise self._fail(ResponseTooLarge(url, self._max_bytes))
-            if self._max_ratio:
-                self._check_ratio()
             yield chunk
 
     def _past_deadline(self) -> bool:
@@ -524,7 +500,7 @@ class Fetcher:
     ``allowed_origins`` (origins or URLs on them) restricts every request and
     every redirect hop unless a call passes its own set.  ``policy`` says
     which credentials go to which origin, the TLS trust, the proxy, the pace
-    per origin, the deadline and the decompression ratio.
+    per origin and the deadline.
     """
 
     def __init__(
@@ -550,7 +526,7 @@ class Fetcher:
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
         self._gates: dict[str, OriginGate] = {}
-        self._identity: OrderedDict[str, None] = OrderedDict()
+        self._slots: dict[str, asyncio.Semaphore] = {}
 
     async def __aenter__(self) -> Fetcher:
         self._ensure_session()
@@ -602,12 +578,6 @@ class Fetcher:
         if gate is None:
             gate = self._gates[origin] = OriginGate(self.policy.max_rate)
         return gate
-
-    def _remember_identity(self, url: str) -> None:
-        self._identity[url] = None
-        self._identity.move_to_end(url)
-        while len(self._identity) > _IDENTITY_MEMORY:
-            self._identity.popitem(last=False)
 
     async def get(
         self,
@@ -678,11 +648,56 @@ class Fetcher:
             headers["Range"] = f"bytes={range_start}-"
         else:
             range_start = None  # RFC 9110 8.8.3: ranges only of a strongly tagged representation
-        if range_start is not None or url in self._identity:
+        if range_start is not None or max_bytes > DEFAULT_MAX_BYTES:
             # Byte offsets are only meaningful on the unencoded representation,
-            # and a URL that once expanded past the ratio is asked for as is.
+            # and a body allowed past the document limit must not be a small
+            # compressed one expanding to it (issue 22: 2 MB of gzip, 821 MB).
             headers["Accept-Encoding"] = "identity"
-        response, current, expires = await self._open(url, headers, allowed, timeout, deadline)
+        async with self._slot(url):
+            response, current, expires = await self._open(url, headers, allowed, timeout, deadline)
+            async with self._reading(
+                url,
+                current,
+                response,
+                expires,
+                deadline,
+                etag=etag,
+                last_modified=last_modified,
+                range_start=range_start,
+                max_bytes=max_bytes,
+                identity="Accept-Encoding" in headers,
+            ) as stream:
+                yield stream
+
+    def _slot(self, url: str) -> asyncio.Semaphore:
+        """The origin's concurrency cap, held from before its turn until the body is read.
+
+        Taken before :class:`OriginGate` is asked, so a request queued behind
+        one that is answered 429 waits out that ``Retry-After`` too, instead
+        of going out on the connection the busy answer just freed.
+        """
+        origin = origin_of(url)
+        slot = self._slots.get(origin)
+        if slot is None:
+            slot = self._slots[origin] = asyncio.Semaphore(self.limit_per_host)
+        return slot
+
+    @contextlib.asynccontextmanager
+    async def _reading(
+        self,
+        url: str,
+        current: str,
+        response: aiohttp.ClientResponse,
+        expires: float,
+        deadline: float,
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        range_start: int | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        identity: bool = False,
+    ) -> AsyncIterator[FetchStream]:
+        """The open response as a :class:`FetchStream`; closed on error, released after."""
         try:
             result = self._describe(url, current, response, etag, last_modified, range_start)
             if result.not_modified:
@@ -695,6 +710,9 @@ class Fetcher:
                     and "content-encoding" not in result.headers
                 ):
                     raise ResponseTooLarge(url, max_bytes, declared=declared)
+                encoding = result.headers.get("content-encoding", "identity").strip().lower()
+                if identity and encoding != "identity":
+                    raise UnwantedEncoding(url, encoding)
                 stream = FetchStream(
                     result,
                     response,
@@ -702,8 +720,6 @@ class Fetcher:
                     chunk_size=self.chunk_size,
                     expires=expires,
                     deadline=deadline,
-                    max_ratio=self.policy.max_ratio,
-                    on_bomb=self._remember_identity,
                 )
             yield stream
         except BaseException:

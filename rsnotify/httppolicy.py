@@ -59,7 +59,6 @@ __all__ = [
 
 DEFAULT_DEADLINE = 300.0  # seconds for one whole exchange, body included
 DEFAULT_MAX_RETRY_AFTER = 120.0  # longest Retry-After waited out inside one fetch
-DEFAULT_MAX_RATIO = 100  # decoded bytes per transferred byte before a body is refused
 RETRY_AFTER_CAP = 3600.0  # a longer Retry-After still pauses the origin, for an hour
 
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -141,7 +140,6 @@ class HttpPolicy:
     max_connections: int | None = None  # per origin
     deadline: float = DEFAULT_DEADLINE
     max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
-    max_ratio: int = DEFAULT_MAX_RATIO
     _netrc_cache: dict[str, tuple[str, str] | None] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )

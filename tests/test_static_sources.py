@@ -149,7 +149,9 @@ def two_writes_in_one_second(
 @pytest.fixture(params=["http.server", "nginx"])
 def static_server(request, tmp_path: Path) -> Iterator[tuple[StaticSource, HttpServer | Nginx]]:
     source = StaticSource(tmp_path / "docroot")
-    kind: Callable[..., HttpServer | Nginx] = HttpServer if request.param == "http.server" else Nginx
+    kind: Callable[..., HttpServer | Nginx] = {"http.server": HttpServer, "nginx": Nginx}[
+        request.param
+    ]
     server = kind(tmp_path / request.param, source.root).start()
     try:
         source.publish_documents(server.url)
