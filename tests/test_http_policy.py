@@ -216,6 +216,26 @@ async def test_headers_stay_on_the_source_origin_across_redirects(servers):
     assert all("(+mailto:ops@example.org)" in h["User-Agent"] for _, _, h in source.log)
 
 
+async def test_requests_go_through_the_proxy_of_the_environment(servers, monkeypatch):
+    proxy, proxy_url, _, _ = servers
+
+    async def forward(request: web.Request) -> web.Response:
+        return web.Response(text=f"proxied {request.url}")
+
+    proxy.routes["/doc"] = forward
+    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy_url)
+    httppolicy._env_proxies.cache_clear()
+    try:
+        async with Fetcher() as fetcher:
+            result = await fetcher.get("http://source.invalid/doc")
+    finally:
+        httppolicy._env_proxies.cache_clear()
+    assert result.body == b"proxied http://source.invalid/doc"  # absolute-form, via the proxy
+    assert proxy.log[-1][2]["Host"] == "source.invalid"
+
+
 async def test_retry_after_is_waited_out_per_origin(servers):
     source, source_url, _, _ = servers
     answered: list[float] = []
