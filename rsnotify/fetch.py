@@ -77,6 +77,9 @@ DEFAULT_MAX_BYTES = 50_000_000  # the Sitemap protocol's 50 MB document limit
 USER_AGENT = user_agent()
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _SCHEMES = frozenset({"http", "https"})
+# A body keeps earning time at this rate: a large resource or dump package
+# arriving at 100 kB/s or better is never cut by the deadline; a trickle is.
+DEADLINE_CREDIT_RATE = 100_000  # bytes per second
 _BUSY = frozenset({429, 503})  # statuses whose Retry-After is honoured (RFC 9110 10.2.3)
 
 
@@ -96,7 +99,11 @@ class ResponseTooLarge(FetchError, DocumentTooLarge):
 
 
 class DeadlineExceeded(FetchError):
-    """Headers and body together took longer than the fetch deadline."""
+    """Headers and body together took longer than the fetch deadline.
+
+    The deadline grows by one second per :data:`DEADLINE_CREDIT_RATE` bytes
+    received, so only a transfer slower than that on average is cut.
+    """
 
     def __init__(self, url: str, deadline: float, received: int):
         self.deadline = deadline
@@ -398,7 +405,7 @@ class FetchStream:
         content = response.content
         while True:
             try:
-                async with asyncio.timeout_at(self._expires):
+                async with asyncio.timeout_at(self._expiry()):
                     chunk = await content.read(self._chunk_size)
             except TimeoutError:
                 if self._expires is not None and self._past_deadline():
@@ -413,8 +420,15 @@ class FetchStream:
                 raise self._fail(ResponseTooLarge(url, self._max_bytes))
             yield chunk
 
+    def _expiry(self) -> float | None:
+        """When the exchange must end: the deadline, extended by what the body earned."""
+        if self._expires is None:
+            return None
+        return self._expires + self.received / DEADLINE_CREDIT_RATE
+
     def _past_deadline(self) -> bool:
-        return self._expires is not None and asyncio.get_running_loop().time() >= self._expires
+        expiry = self._expiry()
+        return expiry is not None and asyncio.get_running_loop().time() >= expiry
 
     @property
     def length(self) -> int | None:
@@ -444,7 +458,7 @@ class FetchStream:
         if response is None or declared is None or declared > self._max_bytes:
             return b"".join([chunk async for chunk in self])
         try:
-            async with asyncio.timeout_at(self._expires):
+            async with asyncio.timeout_at(self._expires):  # declared small: no credit
                 body = await response.read()
         except TimeoutError:
             if self._past_deadline():

@@ -95,7 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive(float, zero=False),
         default=DEFAULT_DEADLINE,
         metavar="SECONDS",
-        help=f"give up a fetch whose headers and body take longer (default {DEFAULT_DEADLINE:g})",
+        help="give up a fetch whose headers and body take longer, plus 1 s per 100 kB "
+        f"received (default {DEFAULT_DEADLINE:g})",
     )
     group.add_argument(
         "--max-retry-after",
