@@ -18,9 +18,13 @@ venv: $(STAMP)
 # mosquitto and redis-server (tests and the demo start their own instances on
 # free loopback ports; packaged services are never started or stopped here),
 # mosquitto-clients and systemd (deploy/ validation: mosquitto_sub in compose's
-# healthcheck, systemd-analyze verify), chromium (the dashboard's browser test).
+# healthcheck, systemd-analyze verify), chromium (the dashboard's browser test),
+# nginx (a stock static Source for tests and bench.http_detect: started with its
+# own config and prefix, the packaged service is never used) and openssl (the
+# private CA of the HTTPS Source test).
 NEEDED := mosquitto:mosquitto mosquitto_sub:mosquitto-clients redis-server:redis-server \
-          systemd-analyze:systemd chromium:chromium
+          systemd-analyze:systemd chromium:chromium \
+          nginx:nginx openssl:openssl
 
 services:
 	@missing=""; for pair in $(NEEDED); do \

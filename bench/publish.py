@@ -73,7 +73,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -193,14 +193,20 @@ class SourceDir:
         return _write_items(self.root, items, self.made, watched)
 
 
-def build_source(root: Path, entries: int, *, changelist_size: int, seed: int) -> SourceDir:
-    """A Source directory whose open Change List holds ``entries`` entries."""
+def build_source(
+    root: Path, entries: int, *, changelist_size: int, seed: int, base_url: str = BASE_URL
+) -> SourceDir:
+    """A Source directory whose open Change List holds ``entries`` entries.
+
+    ``base_url`` is where its documents say they live: any host for a
+    directory read with ``--watch``, the serving web server's for HTTP.
+    """
     from rsnotify.simulator.diskwriter import DiskWriter
     from rsnotify.simulator.site import Site
     from rsnotify.simulator.source import Layout, Source
 
     source = Source(
-        layout=Layout(BASE_URL),
+        layout=Layout(base_url),
         start=datetime.now(UTC),
         resources=RESOURCES,
         changelist_size=changelist_size,
@@ -437,7 +443,11 @@ def _source_child(args: dict[str, Any]) -> None:
     """Pre-fill, then change the Source at ``rate`` and write it, stamping every write."""
     root = Path(args["root"])
     built = build_source(
-        root, args["prefill"], changelist_size=args["changelist_size"], seed=args["seed"]
+        root,
+        args["prefill"],
+        changelist_size=args["changelist_size"],
+        seed=args["seed"],
+        base_url=args.get("base_url", BASE_URL),
     )
     collection = built.collection
     changelist = root / built.relative(built.url("changelist"))
@@ -1068,6 +1078,7 @@ class LatencyRun:
     cpu: dict[str, float]  # process -> % of one core over the run
     ws_resubscribes: int = 0
     profile: dict[str, Any] | None = None
+    mode: str = "watch"  # how the publisher saw the Source: see run_latency
 
     def stats(self, stage: str) -> dict[str, float | None]:
         return stage_stats(self.samples[stage])
@@ -1130,12 +1141,30 @@ def analyse_latency(
 
 
 async def run_latency(
-    stack: Stack, opts: argparse.Namespace, prefill: int, run: int, profile: Path | None
+    stack: Stack,
+    opts: argparse.Namespace,
+    prefill: int,
+    run: int,
+    profile: Path | None,
+    mode: str = "watch",
 ) -> LatencyRun:
+    """One latency run.  ``mode``: how the publisher sees the Source directory.
+
+    ``watch``: ``rsnotify publish DIR --watch`` (file-system notifications);
+    ``http.server`` / ``nginx``: the directory served by that stock web
+    server and ``rsnotify publish URL --poll opts.poll`` (conditional GETs,
+    ranged tail reads where the server allows them).
+    """
     from rsnotify.devstack import ManagedProcess, async_wait_for, free_port
+    from rsnotify.devstatic import HttpServer, Nginx
 
     stack.flush_redis()
-    root = stack.workdir / f"source-{prefill}-{run}"
+    root = stack.workdir / f"source-{mode}-{prefill}-{run}"
+    base_url = BASE_URL
+    web_port = None
+    if mode != "watch":
+        web_port = free_port()
+        base_url = f"http://127.0.0.1:{web_port}/"
     if root.exists():
         shutil.rmtree(root)
     growth = int(opts.rate * (opts.warmup + opts.duration)) + 1000
@@ -1150,12 +1179,19 @@ async def run_latency(
             "flush_interval": opts.flush_interval,
             "warmup": opts.warmup,
             "duration": opts.duration,
+            "base_url": base_url,
         },
         stack.workdir,
     )
     ws_port = free_port()
+    capability_list = base_url + "c1/capabilitylist.xml"
+    if mode == "watch":
+        reading: tuple[Any, ...] = (root, "--watch")
+    else:
+        reading = (capability_list, "--poll", str(getattr(opts, "poll", 0.1)))
+    server: Any = None
     publisher = ManagedProcess.rsnotify(
-        "publish", root, "--watch",
+        "publish", *reading,
         "--redis", stack.redis.url,
         "--mqtt", stack.broker.url,
         "--ws", f"127.0.0.1:{ws_port}",
@@ -1163,9 +1199,9 @@ async def run_latency(
         "--state-dir", stack.workdir / "state",
         "--log-level", "warning",
         workdir=stack.workdir,
-        name=f"publisher-{prefill}-{run}",
+        name=f"publisher-{mode}-{prefill}-{run}",
     )  # fmt: skip
-    cid = collection_of(BASE_URL + "c1/capabilitylist.xml")
+    cid = collection_of(capability_list)
     sub = MqttTally(stack.broker.host, stack.broker.port, expected=None, keep=True)
     ws = WsTally()
     ws_task: asyncio.Task[None] | None = None
@@ -1174,6 +1210,10 @@ async def run_latency(
     try:
         await driver.start()
         ready = await driver.expect("ready", 300)
+        if mode != "watch":
+            kind = {"http.server": HttpServer, "nginx": Nginx}[mode]
+            server = kind(stack.workdir / f"{mode}-{prefill}-{run}", root, port=web_port)
+            await server.async_start()
         sub.start()
         publisher.start()
         await asyncio.to_thread(publisher.wait_for_line, r"rsnotify publish: running", 60)
@@ -1227,6 +1267,8 @@ async def run_latency(
         sub.stop()
         await asyncio.to_thread(publisher.terminate)
         await driver.close()
+        if server is not None:
+            await server.async_stop()
     samples = analyse_latency(sub.samples, ws.samples, result["flushes"], result["measure_from_us"])
     return LatencyRun(
         prefill=prefill,
@@ -1242,6 +1284,7 @@ async def run_latency(
         cpu={name: 100.0 * seconds / cpu.wall for name, seconds in used.items()},
         ws_resubscribes=ws.resubscribes,
         profile=summary,
+        mode=mode,
     )
 
 
@@ -1491,13 +1534,13 @@ def _workdir(requested: Path | None) -> Path:
     return Path(tempfile.mkdtemp(prefix="bench-publish-", dir=where))
 
 
-async def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def bench_stack(opts: argparse.Namespace) -> AsyncIterator[Stack]:
+    """A private Mosquitto and Redis in a fresh work directory, removed after unless --keep."""
     from rsnotify.devstack import Mosquitto, Redis
 
     workdir = _workdir(opts.workdir)
     print(f"work directory {workdir}", flush=True)
-    throughput_runs: list[ThroughputRun] = []
-    latency_runs: list[LatencyRun] = []
     broker = Mosquitto(
         workdir / "mosquitto",
         # The counting subscriber must never lose a message to a full queue.
@@ -1507,7 +1550,19 @@ async def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
     try:
         await broker.async_start()
         await redis_service.async_start()
-        stack = Stack(broker, redis_service, workdir)
+        yield Stack(broker, redis_service, workdir)
+    finally:
+        await redis_service.async_stop()
+        await broker.async_stop()
+        if not opts.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
+    throughput_runs: list[ThroughputRun] = []
+    latency_runs: list[LatencyRun] = []
+    async with bench_stack(opts) as stack:
+        workdir = stack.workdir
         if "throughput" in opts.scenarios:
             print(f"writing a {opts.entries:,}-entry Change List ...", flush=True)
             source = await asyncio.to_thread(
@@ -1553,11 +1608,6 @@ async def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
                         f"p50 {st['p50_ms'] or 0:.2f} ms, p99 {st['p99_ms'] or 0:.2f} ms",
                         flush=True,
                     )
-    finally:
-        await redis_service.async_stop()
-        await broker.async_stop()
-        if not opts.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
     return {"throughput": throughput_runs, "latency": latency_runs, "workdir": str(workdir)}
 
 

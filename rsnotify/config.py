@@ -67,6 +67,8 @@ _NOT_CONFIGURABLE = (
     argparse._AppendConstAction,
 )
 _SECRET_NAME = re.compile(r"(?:^|-)(?:secret|token|password|passwd)s?$", re.IGNORECASE)
+# --header carries credentials (a bearer token) for the Source: shown redacted too.
+_SECRET_NAME = re.compile(rf"{_SECRET_NAME.pattern}|^headers?$", re.IGNORECASE)
 
 
 # --- problems ------------------------------------------------------------------------

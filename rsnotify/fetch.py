@@ -2,11 +2,15 @@
 
 Publisher polling, subscriber fetching and discovery all need the same few
 things from HTTP: conditional GET (ETag / If-Modified-Since) so polling an
-unchanged Change List costs a 304, resumable ranges for large resources, a hard
-byte limit enforced *while* reading (a hostile Source must not be able to make
-us buffer a gigabyte), timeouts, and an origin allow-list so a forged
-notification cannot make a subscriber fetch from anywhere (SSRF).  This module
-is that thin adapter over :mod:`aiohttp`; it knows nothing about ResourceSync.
+unchanged Change List costs a 304, ranges for the tail of a growing list, a
+hard byte limit enforced *while* reading (a hostile Source must not be able to
+make us buffer a gigabyte), timeouts and an overall deadline, and an origin
+allow-list so a forged notification cannot make a subscriber fetch from
+anywhere (SSRF).  This module is that thin adapter over :mod:`aiohttp`; it
+knows nothing about ResourceSync.  What it may send and how politely
+(credentials, CA, proxy, pace, ``Retry-After``) is the process's
+:class:`~rsnotify.httppolicy.HttpPolicy`; which validators it hands back for
+the next conditional request follows :mod:`rsnotify.validators`.
 
 Errors, all documented and all under :class:`rsnotify.errors.RsNotifyError`:
 
@@ -17,11 +21,20 @@ Errors, all documented and all under :class:`rsnotify.errors.RsNotifyError`:
   a ``FetchError`` and a :class:`rsnotify.errors.DocumentTooLarge`, so callers
   that handle "could not fetch" and callers that handle "document refused for
   size" both catch it without knowing about this module.
+* :class:`DeadlineExceeded` -- the exchange (headers and body) outlasted the
+  overall deadline, however steadily the server trickled bytes.
+* :class:`UnwantedEncoding` -- a ``Content-Encoding`` on a response to a
+  request that asked for ``identity``.  Compressed bodies are accepted only
+  where what they may expand to is already bounded by the 50 MB document
+  limit (``max_bytes``); a fetch allowed more (a resource of unknown length,
+  up to 1 GiB) asks for ``identity``, so a small gzip response can never
+  become a gigabyte on disk.
 * :class:`OriginNotAllowed` -- a ``FetchError`` raised *before any connection*
   when the URL (or any redirect hop) is outside ``allowed_origins``.
 
 Redirects are followed here, not by aiohttp, precisely so every hop is checked
-against the allow-list.  The check compares scheme, IDNA host and port; it does
+against the allow-list, and so credentials are attached per hop, only to the
+Source's own origin.  The check compares scheme, IDNA host and port; it does
 not stop a permitted host name from resolving to a private address.
 """
 
@@ -30,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -38,26 +52,35 @@ from urllib.parse import unquote, urljoin
 import aiohttp
 import yarl
 
-from . import __version__
 from .errors import DocumentTooLarge, FetchError
+from .httppolicy import HttpPolicy, OriginGate, parse_retry_after, proxy_for, user_agent
+from .validators import is_strong_etag, strong_last_modified
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "DeadlineExceeded",
     "FetchResult",
     "FetchStream",
     "Fetcher",
     "OriginNotAllowed",
     "ResponseTooLarge",
+    "UnwantedEncoding",
     "check_origin",
     "has_rel",
     "origin_of",
     "parse_link_header",
 ]
 
+log = logging.getLogger("rsnotify.fetch")
+
 DEFAULT_MAX_BYTES = 50_000_000  # the Sitemap protocol's 50 MB document limit
-USER_AGENT = f"rsnotify/{__version__}"
+USER_AGENT = user_agent()
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _SCHEMES = frozenset({"http", "https"})
+# A body keeps earning time at this rate: a large resource or dump package
+# arriving at 100 kB/s or better is never cut by the deadline; a trickle is.
+DEADLINE_CREDIT_RATE = 100_000  # bytes per second
+_BUSY = frozenset({429, 503})  # statuses whose Retry-After is honoured (RFC 9110 10.2.3)
 
 
 class ResponseTooLarge(FetchError, DocumentTooLarge):
@@ -73,6 +96,35 @@ class ResponseTooLarge(FetchError, DocumentTooLarge):
         # MRO: FetchError.__init__ -> DocumentError.__init__ -> Exception, so both
         # families' attributes (url/status and reason/line/element) are set.
         super().__init__(url, message)
+
+
+class DeadlineExceeded(FetchError):
+    """Headers and body together took longer than the fetch deadline.
+
+    The deadline grows by one second per :data:`DEADLINE_CREDIT_RATE` bytes
+    received, so only a transfer slower than that on average is cut.
+    """
+
+    def __init__(self, url: str, deadline: float, received: int):
+        self.deadline = deadline
+        self.received = received
+        super().__init__(
+            url,
+            f"timed out: not complete within the fetch deadline of {deadline:g}s "
+            f"({received} bytes received)",
+        )
+
+
+class UnwantedEncoding(FetchError):
+    """The server encoded a body we asked for as ``identity``; refused before decoding it."""
+
+    def __init__(self, url: str, encoding: str):
+        self.encoding = encoding
+        super().__init__(
+            url,
+            f"Content-Encoding {encoding} although Accept-Encoding: identity was asked "
+            "(a compressed body of unbounded size is not decoded)",
+        )
 
 
 class OriginNotAllowed(FetchError):
@@ -283,8 +335,10 @@ class FetchResult:
     ``headers`` has lower-cased names; repeated headers are joined with ", " as
     HTTP allows, and ``links`` holds every ``Link`` header parsed, with targets
     resolved against ``final_url``.  ``etag``/``last_modified`` are the values
-    to send next time; on a 304 without them the validators that were sent are
-    echoed back, since they are still current.  ``partial`` is True for a 206,
+    to send next time: ``last_modified`` is None when the response's date
+    makes it weak (:func:`rsnotify.validators.strong_last_modified`; the raw
+    value stays in ``headers``), and on a 304 without them the validators that
+    were sent are echoed back, since they are still current.  ``partial`` is True for a 206,
     and ``range_start`` is then the first byte of ``body`` within the resource.
     """
 
@@ -314,7 +368,8 @@ class FetchStream:
     """An open response whose body is read chunk by chunk.
 
     ``result`` describes the response (its ``body`` stays empty); iterate the
-    stream for the body.  The byte limit is enforced as chunks arrive.
+    stream for the body.  The byte limit and the fetch deadline (``expires``,
+    a loop time) are enforced as chunks arrive.
     """
 
     def __init__(
@@ -324,29 +379,56 @@ class FetchStream:
         *,
         max_bytes: int,
         chunk_size: int,
+        expires: float | None = None,
+        deadline: float = 0.0,
     ):
         self.result = result
         self.received = 0
         self._response = response
         self._max_bytes = max_bytes
         self._chunk_size = chunk_size
+        self._expires = expires
+        self._deadline = deadline
+
+    def _fail(self, exc: FetchError) -> FetchError:
+        assert self._response is not None
+        # Closing (not releasing) drops the connection, so the rest of the body
+        # is never read from the socket.
+        self._response.close()
+        return exc
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        if self._response is None:
+        response = self._response
+        if response is None:
             return
         url = self.result.url
-        try:
-            async for chunk in self._response.content.iter_chunked(self._chunk_size):
-                self.received += len(chunk)
-                if self.received > self._max_bytes:
-                    # Closing (not releasing) drops the connection, so the rest of
-                    # the body is never read from the socket.
-                    self._response.close()
-                    raise ResponseTooLarge(url, self._max_bytes)
-                yield chunk
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            self._response.close()
-            raise _translate(url, exc) from exc
+        content = response.content
+        while True:
+            try:
+                async with asyncio.timeout_at(self._expiry()):
+                    chunk = await content.read(self._chunk_size)
+            except TimeoutError:
+                if self._expires is not None and self._past_deadline():
+                    raise self._fail(DeadlineExceeded(url, self._deadline, self.received)) from None
+                raise self._fail(_translate(url, TimeoutError())) from None
+            except aiohttp.ClientError as exc:
+                raise self._fail(_translate(url, exc)) from exc
+            if not chunk:
+                return
+            self.received += len(chunk)
+            if self.received > self._max_bytes:
+                raise self._fail(ResponseTooLarge(url, self._max_bytes))
+            yield chunk
+
+    def _expiry(self) -> float | None:
+        """When the exchange must end: the deadline, extended by what the body earned."""
+        if self._expires is None:
+            return None
+        return self._expires + self.received / DEADLINE_CREDIT_RATE
+
+    def _past_deadline(self) -> bool:
+        expiry = self._expiry()
+        return expiry is not None and asyncio.get_running_loop().time() >= expiry
 
     @property
     def length(self) -> int | None:
@@ -368,7 +450,7 @@ class FetchStream:
 
         A body of declared :attr:`length` within the limit is read with one
         call (what a small resource costs is then mostly this call, not a
-        chunk loop); anything else is read chunk by chunk, the limit enforced
+        chunk loop); anything else is read chunk by chunk, the limits enforced
         as chunks arrive.
         """
         response = self._response
@@ -376,14 +458,19 @@ class FetchStream:
         if response is None or declared is None or declared > self._max_bytes:
             return b"".join([chunk async for chunk in self])
         try:
-            body = await response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            response.close()
-            raise _translate(self.result.url, exc) from exc
+            async with asyncio.timeout_at(self._expires):  # declared small: no credit
+                body = await response.read()
+        except TimeoutError:
+            if self._past_deadline():
+                raise self._fail(
+                    DeadlineExceeded(self.result.url, self._deadline, self.received)
+                ) from None
+            raise self._fail(_translate(self.result.url, TimeoutError())) from None
+        except aiohttp.ClientError as exc:
+            raise self._fail(_translate(self.result.url, exc)) from exc
         self.received = len(body)
         if self.received > self._max_bytes:  # aiohttp stops at Content-Length; belt and braces
-            response.close()
-            raise ResponseTooLarge(self.result.url, self._max_bytes)
+            raise self._fail(ResponseTooLarge(self.result.url, self._max_bytes))
         return body
 
 
@@ -392,6 +479,10 @@ def _translate(url: str, exc: BaseException, timeout: float | None = None) -> Fe
     if isinstance(exc, TimeoutError):
         after = f" after {timeout:g}s" if timeout is not None else ""
         return FetchError(url, f"timed out{after} (server too slow or unresponsive)")
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return FetchError(
+            url, f"TLS certificate not trusted ({exc.certificate_error}; a private CA: --ca FILE)"
+        )
     if isinstance(exc, aiohttp.ClientConnectorError):
         return FetchError(url, f"unreachable server ({exc.os_error or exc})")
     if isinstance(exc, aiohttp.ClientPayloadError):
@@ -421,7 +512,9 @@ class Fetcher:
     explicitly.  The session is created on first use, inside the running loop.
     Cookies are never stored: every request is independent of the last.
     ``allowed_origins`` (origins or URLs on them) restricts every request and
-    every redirect hop unless a call passes its own set.
+    every redirect hop unless a call passes its own set.  ``policy`` says
+    which credentials go to which origin, the TLS trust, the proxy, the pace
+    per origin and the deadline.
     """
 
     def __init__(
@@ -432,18 +525,22 @@ class Fetcher:
         allowed_origins: Collection[str] | None = None,
         max_redirects: int = 10,
         chunk_size: int = 65536,
-        user_agent: str = USER_AGENT,
+        user_agent: str | None = None,
+        policy: HttpPolicy | None = None,
     ):
+        self.policy = policy if policy is not None else HttpPolicy()
         self.limit = limit
-        self.limit_per_host = limit_per_host
+        self.limit_per_host = self.policy.max_connections or limit_per_host
         self.allowed_origins = (
             None if allowed_origins is None else _normalise_origins(allowed_origins)
         )
         self.max_redirects = max_redirects
         self.chunk_size = chunk_size
-        self.user_agent = user_agent
+        self.user_agent = user_agent or self.policy.user_agent
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        self._gates: dict[str, OriginGate] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}
 
     async def __aenter__(self) -> Fetcher:
         self._ensure_session()
@@ -468,18 +565,33 @@ class Fetcher:
         if self._closed:
             raise RuntimeError("Fetcher is closed")
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=self.limit_per_host)
+            ssl_context = self.policy.ssl_context()
+            connector = aiohttp.TCPConnector(
+                limit=self.limit,
+                limit_per_host=self.limit_per_host,
+                ssl=ssl_context if ssl_context is not None else True,
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 headers={"User-Agent": self.user_agent},
                 raise_for_status=False,
+                # Proxies come from the policy (the same variables); trust_env
+                # would also send ~/.netrc credentials to every host.
+                trust_env=False,
             )
         return self._session
 
     def check_origin(self, url: str, allowed: Collection[str] | None = None) -> None:
         """Raise :class:`OriginNotAllowed` if ``url`` is outside ``allowed`` (or the default)."""
         check_origin(url, self.allowed_origins if allowed is None else allowed)
+
+    def gate(self, origin: str) -> OriginGate:
+        """The pace keeper of one origin (created on first use)."""
+        gate = self._gates.get(origin)
+        if gate is None:
+            gate = self._gates[origin] = OriginGate(self.policy.max_rate)
+        return gate
 
     async def get(
         self,
@@ -495,24 +607,24 @@ class Fetcher:
         """GET ``url`` and read the whole body; ``timeout`` bounds the entire exchange.
 
         Sends ``If-None-Match``/``If-Modified-Since``/``Range: bytes=N-`` when
-        asked.  A 304 returns ``not_modified=True`` with an empty body; a 206
-        returns ``partial=True``.  A server that ignores ``Range`` answers 200
-        with the full body: check ``partial`` before appending.
+        asked (a Range only with a strong ``etag``: :mod:`rsnotify.validators`).
+        A 304 returns ``not_modified=True`` with an empty body; a 206 returns
+        ``partial=True``.  A server that ignores ``Range`` answers 200 with the
+        full body: check ``partial`` before appending.  Time spent waiting for
+        the origin's turn (its rate, a ``Retry-After``) is not part of
+        ``timeout``.
         """
-        try:
-            async with asyncio.timeout(timeout):
-                async with self.stream(
-                    url,
-                    etag=etag,
-                    last_modified=last_modified,
-                    range_start=range_start,
-                    max_bytes=max_bytes,
-                    timeout=timeout,
-                    allowed_origins=allowed_origins,
-                ) as response:
-                    body = await response.read()
-        except TimeoutError as exc:
-            raise _translate(url, exc, timeout) from None
+        async with self.stream(
+            url,
+            etag=etag,
+            last_modified=last_modified,
+            range_start=range_start,
+            max_bytes=max_bytes,
+            timeout=timeout,
+            allowed_origins=allowed_origins,
+            deadline=min(timeout, self.policy.deadline),
+        ) as response:
+            body = await response.read()
         response.result.body = body
         return response.result
 
@@ -527,55 +639,79 @@ class Fetcher:
         max_bytes: int = DEFAULT_MAX_BYTES,
         timeout: float = 30.0,
         allowed_origins: Collection[str] | None = None,
+        deadline: float | None = None,
     ) -> AsyncIterator[FetchStream]:
         """Open ``url`` for reading in chunks: ``async with f.stream(u) as s: async for c in s``.
 
-        Same requests, statuses and errors as :meth:`get`, but ``timeout``
-        bounds each connect and each wait for data rather than the whole
-        transfer, since a large resource may legitimately take longer than
-        any fixed total.
+        Same requests, statuses and errors as :meth:`get`.  ``timeout`` bounds
+        each connect and each wait for data; ``deadline`` (default: the
+        policy's, ``--fetch-deadline``) bounds the whole exchange, body
+        included, so a server trickling a byte now and then cannot hold a
+        transfer slot for ever.
         """
         allowed = self.allowed_origins if allowed_origins is None else allowed_origins
+        deadline = self.policy.deadline if deadline is None else deadline
         headers: dict[str, str] = {}
         if etag:
             headers["If-None-Match"] = etag
         if last_modified:
             headers["If-Modified-Since"] = last_modified
-        if range_start is not None:
+        if range_start is not None and is_strong_etag(etag):
             if range_start < 0:
                 raise FetchError(url, f"invalid range start {range_start}")
             headers["Range"] = f"bytes={range_start}-"
-            # Byte offsets are only meaningful on the unencoded representation.
+        else:
+            range_start = None  # RFC 9110 8.8.3: ranges only of a strongly tagged representation
+        if range_start is not None or max_bytes > DEFAULT_MAX_BYTES:
+            # Byte offsets are only meaningful on the unencoded representation,
+            # and a body allowed past the document limit must not be a small
+            # compressed one expanding to it (issue 22: 2 MB of gzip, 821 MB).
             headers["Accept-Encoding"] = "identity"
-        client_timeout = _client_timeout(timeout)
-        session = self._ensure_session()
-        current = url
-        response: aiohttp.ClientResponse | None = None
-        try:
-            for _hop in range(self.max_redirects + 1):
-                if origin_of(current).split(":", 1)[0] not in _SCHEMES:
-                    raise FetchError(current, "unsupported URL scheme (only http and https)")
-                check_origin(current, allowed)
-                response = await session.get(
-                    current, headers=headers, allow_redirects=False, timeout=client_timeout
-                )
-                if response.status not in _REDIRECTS:
-                    break
-                location = response.headers.get("Location")
-                response.release()
-                response = None
-                if not location:
-                    raise FetchError(url, f"redirect from {current} without a Location header")
-                current = urljoin(current, location)
-            else:
-                raise FetchError(url, f"too many redirects (more than {self.max_redirects})")
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            if response is not None:
-                response.close()
-            where = url if current == url else f"{url} (redirected to {current})"
-            raise _translate(where, exc, timeout) from exc
-        except ValueError as exc:  # yarl on a malformed URL
-            raise FetchError(current, f"invalid URL ({exc})") from None
+        async with self._slot(url):
+            response, current, expires = await self._open(url, headers, allowed, timeout, deadline)
+            async with self._reading(
+                url,
+                current,
+                response,
+                expires,
+                deadline,
+                etag=etag,
+                last_modified=last_modified,
+                range_start=range_start,
+                max_bytes=max_bytes,
+                identity="Accept-Encoding" in headers,
+            ) as stream:
+                yield stream
+
+    def _slot(self, url: str) -> asyncio.Semaphore:
+        """The origin's concurrency cap, held from before its turn until the body is read.
+
+        Taken before :class:`OriginGate` is asked, so a request queued behind
+        one that is answered 429 waits out that ``Retry-After`` too, instead
+        of going out on the connection the busy answer just freed.
+        """
+        origin = origin_of(url)
+        slot = self._slots.get(origin)
+        if slot is None:
+            slot = self._slots[origin] = asyncio.Semaphore(self.limit_per_host)
+        return slot
+
+    @contextlib.asynccontextmanager
+    async def _reading(
+        self,
+        url: str,
+        current: str,
+        response: aiohttp.ClientResponse,
+        expires: float,
+        deadline: float,
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        range_start: int | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        identity: bool = False,
+    ) -> AsyncIterator[FetchStream]:
+        """The open response as a :class:`FetchStream`; closed on error, released after."""
         try:
             result = self._describe(url, current, response, etag, last_modified, range_start)
             if result.not_modified:
@@ -588,8 +724,16 @@ class Fetcher:
                     and "content-encoding" not in result.headers
                 ):
                     raise ResponseTooLarge(url, max_bytes, declared=declared)
+                encoding = result.headers.get("content-encoding", "identity").strip().lower()
+                if identity and encoding != "identity":
+                    raise UnwantedEncoding(url, encoding)
                 stream = FetchStream(
-                    result, response, max_bytes=max_bytes, chunk_size=self.chunk_size
+                    result,
+                    response,
+                    max_bytes=max_bytes,
+                    chunk_size=self.chunk_size,
+                    expires=expires,
+                    deadline=deadline,
                 )
             yield stream
         except BaseException:
@@ -597,6 +741,98 @@ class Fetcher:
             raise
         else:
             response.release()
+
+    async def _open(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        allowed: Collection[str] | None,
+        timeout: float,
+        deadline: float,
+    ) -> tuple[aiohttp.ClientResponse, str, float]:
+        """Send the request, following redirects and waiting out ``Retry-After``.
+
+        Returns the final response (not a redirect, not a busy answer we
+        could wait out), its URL and the loop time at which the exchange's
+        deadline expires.  Each hop waits for its origin's turn first, then
+        gets its own headers: the credentials only on a credential origin.
+        """
+        session = self._ensure_session()
+        client_timeout = _client_timeout(timeout)
+        loop = asyncio.get_running_loop()
+        policy = self.policy
+        current = url
+        hops = 0
+        waited = 0.0
+        expires: float | None = None
+        response: aiohttp.ClientResponse | None = None
+        try:
+            while True:
+                origin = origin_of(current)
+                if origin.split(":", 1)[0] not in _SCHEMES:
+                    raise FetchError(current, "unsupported URL scheme (only http and https)")
+                check_origin(current, allowed)
+                gate = self.gate(origin)
+                if await gate.acquire() > 0 or expires is None:
+                    expires = loop.time() + deadline  # the exchange starts now
+                hop_headers = dict(headers)
+                hop_headers.update(policy.credentials(origin, yarl.URL(current).host or ""))
+                proxy, proxy_auth = proxy_for(current, from_env=policy.proxy_from_env)
+                async with asyncio.timeout_at(expires):
+                    response = await session.get(
+                        current,
+                        headers=hop_headers,
+                        allow_redirects=False,
+                        timeout=client_timeout,
+                        proxy=proxy,
+                        proxy_auth=aiohttp.BasicAuth(*proxy_auth) if proxy_auth else None,
+                    )
+                status = response.status
+                if status in _REDIRECTS:
+                    location = response.headers.get("Location")
+                    response.release()
+                    response = None
+                    if not location:
+                        raise FetchError(url, f"redirect from {current} without a Location header")
+                    hops += 1
+                    if hops > self.max_redirects:
+                        raise FetchError(
+                            url, f"too many redirects (more than {self.max_redirects})"
+                        )
+                    current = urljoin(current, location)
+                    continue
+                if status in _BUSY:
+                    delay = parse_retry_after(response.headers.get("Retry-After"))
+                    if delay is not None:
+                        gate.pause(delay)
+                        if waited + delay <= policy.max_retry_after:
+                            waited += delay
+                            log.info(
+                                "%s answered %d with Retry-After %gs: waiting before the "
+                                "next request to %s",
+                                current,
+                                status,
+                                delay,
+                                origin,
+                            )
+                            response.release()
+                            response = None
+                            continue
+                return response, current, expires
+        except TimeoutError as exc:
+            if response is not None:
+                response.close()
+            where = url if current == url else f"{url} (redirected to {current})"
+            if expires is not None and loop.time() >= expires and deadline < timeout:
+                raise DeadlineExceeded(where, deadline, 0) from None
+            raise _translate(where, exc, min(timeout, deadline)) from None
+        except aiohttp.ClientError as exc:
+            if response is not None:
+                response.close()
+            where = url if current == url else f"{url} (redirected to {current})"
+            raise _translate(where, exc, timeout) from exc
+        except ValueError as exc:  # yarl on a malformed URL
+            raise FetchError(current, f"invalid URL ({exc})") from None
 
     def _describe(
         self,
@@ -612,7 +848,11 @@ class Fetcher:
         where = url if final_url == url else f"{url} (redirected to {final_url})"
         if status != 304 and not 200 <= status < 300:
             reason = response.reason or ""
-            raise FetchError(where, f"HTTP {status} {reason}".rstrip(), status=status)
+            message = f"HTTP {status} {reason}".rstrip()
+            retry_after = response.headers.get("Retry-After")
+            if status in _BUSY and retry_after:
+                message += f" (Retry-After {retry_after}: longer than --max-retry-after)"
+            raise FetchError(where, message, status=status)
         headers: dict[str, str] = {}
         for name in response.headers:
             key = name.lower()
@@ -635,6 +875,9 @@ class Fetcher:
                     status=status,
                 )
         not_modified = status == 304
+        # A Last-Modified within a second of the response's Date may hide a
+        # second change in the same second: it is not handed back for reuse.
+        modified = strong_last_modified(headers.get("last-modified"), headers.get("date"))
         return FetchResult(
             url=url,
             final_url=final_url,
@@ -642,7 +885,7 @@ class Fetcher:
             headers=headers,
             links=links,
             etag=headers.get("etag") or (etag if not_modified else None),
-            last_modified=headers.get("last-modified") or (last_modified if not_modified else None),
+            last_modified=modified or (last_modified if not_modified else None),
             not_modified=not_modified,
             partial=partial,
             range_start=start,

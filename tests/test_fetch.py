@@ -24,6 +24,7 @@ from rsnotify.metrics import serving
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes
 ETAG = '"v1"'
+OLD_ETAG = '"v0"'  # a strong tag held from an earlier read: ranges are asked only with one
 LAST_MODIFIED = "Wed, 21 Oct 2015 07:28:00 GMT"
 
 
@@ -220,7 +221,7 @@ async def test_last_modified_gives_304_and_echoes_validator(source, fetcher):
 
 async def test_range_gives_206_with_start(source, fetcher):
     src, base = source
-    result = await fetcher.get(f"{base}/range", range_start=1000)
+    result = await fetcher.get(f"{base}/range", range_start=1000, etag=OLD_ETAG)
     assert src.requests[-1].headers["Range"] == "bytes=1000-"
     assert src.requests[-1].headers["Accept-Encoding"] == "identity"
     assert result.status == 206
@@ -229,9 +230,19 @@ async def test_range_gives_206_with_start(source, fetcher):
     assert result.body == DATA[1000:]
 
 
+@pytest.mark.parametrize("held", [None, 'W/"v0"'])
+async def test_range_is_asked_only_with_a_strong_etag(source, fetcher, held):
+    """RFC 9110 sections 8.8.1 and 13.1.5: no range of a weakly (or un-) tagged representation."""
+    src, base = source
+    result = await fetcher.get(f"{base}/range-ignored", range_start=1000, etag=held)
+    assert "Range" not in src.requests[-1].headers
+    assert "If-Range" not in src.requests[-1].headers
+    assert result.body == DATA and not result.partial
+
+
 async def test_range_ignored_by_server_is_a_full_response(source, fetcher):
     _, base = source
-    result = await fetcher.get(f"{base}/range-ignored", range_start=1000)
+    result = await fetcher.get(f"{base}/range-ignored", range_start=1000, etag=OLD_ETAG)
     assert result.status == 200
     assert not result.partial
     assert result.range_start is None
@@ -241,7 +252,7 @@ async def test_range_ignored_by_server_is_a_full_response(source, fetcher):
 async def test_206_starting_elsewhere_is_refused(source, fetcher):
     _, base = source
     with pytest.raises(FetchError, match="asked for 1000") as caught:
-        await fetcher.get(f"{base}/range-wrong", range_start=1000)
+        await fetcher.get(f"{base}/range-wrong", range_start=1000, etag=OLD_ETAG)
     assert caught.value.status == 206
 
 

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
-from ..errors import FetchError
-from ..fetch import Fetcher
+from ..errors import FetchError, TooManyEntries
+from ..fetch import Fetcher, FetchStream
+from ..sitemap import MAX_ENTRIES_PER_DOCUMENT
+from .incremental import EntryCounter
 
 MAX_DOCUMENT_BYTES = 50_000_000
 
@@ -46,11 +48,27 @@ class DocumentAccess(Protocol):
 
 
 class HttpAccess:
-    """Documents over HTTP with conditional GET and Range (aiohttp underneath)."""
+    """Documents over HTTP with conditional GET and Range (aiohttp underneath).
 
-    def __init__(self, fetcher: Fetcher, *, timeout: float = 30.0) -> None:
+    The validators handed back follow :mod:`rsnotify.validators`: a weak
+    ``Last-Modified`` comes back as None, so the next read of a list written
+    twice in one second is unconditional and never a wrong 304; a Range is
+    asked only with a strong entity tag.  The body is read chunk by chunk and
+    refused as soon as it holds more than ``max_entries`` entries (Z39.99
+    section 7: 50,000 items per document), so a hostile ten-million-entry
+    list costs a few megabytes, not the 50 MB byte limit.
+    """
+
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        *,
+        timeout: float = 30.0,
+        max_entries: int = MAX_ENTRIES_PER_DOCUMENT,
+    ) -> None:
         self._fetcher = fetcher
         self._timeout = timeout
+        self._max_entries = max_entries
 
     async def read(
         self,
@@ -61,27 +79,43 @@ class HttpAccess:
         range_start: int | None = None,
     ) -> Fetched:
         try:
-            result = await self._fetcher.get(
+            async with self._fetcher.stream(
                 url,
                 etag=etag,
                 last_modified=last_modified,
                 range_start=range_start,
                 max_bytes=MAX_DOCUMENT_BYTES,
                 timeout=self._timeout,
-            )
+                deadline=min(self._timeout, self._fetcher.policy.deadline),
+            ) as stream:
+                result = stream.result
+                if result.not_modified:
+                    return Fetched(url, etag=etag, last_modified=last_modified, not_modified=True)
+                body = await self._body(url, stream)
         except FetchError as exc:
             if range_start is not None and exc.status == 416:  # the list shrank: read it whole
                 return await self.read(url)
             raise
-        if result.not_modified:
-            return Fetched(url, etag=etag, last_modified=last_modified, not_modified=True)
         return Fetched(
             url,
-            body=result.body,
+            body=body,
             etag=result.etag,
             last_modified=result.last_modified,
             range_start=result.range_start if result.partial else None,
         )
+
+    async def _body(self, url: str, stream: FetchStream) -> bytes:
+        counter = EntryCounter()
+        parts: list[bytes] = []
+        async for chunk in stream:
+            if counter.feed(chunk) > self._max_entries:
+                raise TooManyEntries(
+                    f"{url}: more than {self._max_entries} entries, refused while reading "
+                    "(Z39.99 section 7: at most 50,000 items per document; a larger list "
+                    "is split under an index)"
+                )
+            parts.append(chunk)
+        return b"".join(parts)
 
     def local_path(self, url: str) -> Path | None:
         return None

@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 
+from .. import httpoptions
 from ..log import Retention
 from ..logs import setup as setup_logging
 from ..report import url_argument
@@ -152,6 +153,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     push.add_argument(
         "--secret-id", default="k1", help="key id sent with signatures (for rotation)"
     )
+    httpoptions.add_arguments(parser)
     ha = parser.add_argument_group("high availability")
     ha.add_argument(
         "--ha",
@@ -204,8 +206,14 @@ def run(args: argparse.Namespace) -> int:
             "notifications are only logged",
             flush=True,
         )
+    try:
+        http = httpoptions.policy_from_args(args)
+    except ValueError as exc:
+        print(f"rsnotify publish: {exc}", flush=True)
+        return 2
     config = PublisherConfig(
         source=args.source,
+        http=http,
         redis=args.redis,
         state_dir=args.state_dir,
         mqtt=args.mqtt,

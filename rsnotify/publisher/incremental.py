@@ -21,6 +21,8 @@ from dataclasses import dataclass
 OVERLAP = 64
 MAX_HEADER = 16 * 1024
 _FIRST_ENTRY = re.compile(rb"<url[\s>]")
+_ANY_ENTRY = re.compile(rb"<(?:url|sitemap)[\s>]")  # a Change List's or an index's entry
+_LONGEST_START = len(b"<sitemap ")
 _ENTRY_END = b"</url>"
 _ROOT_END = b"</urlset"
 
@@ -71,3 +73,27 @@ def fragment(state: TailState, body: bytes, start: int) -> tuple[bytes, TailStat
     return state.header + new, TailState(
         header=state.header, offset=offset, overlap=joined[-OVERLAP:]
     )
+
+
+class EntryCounter:
+    """Counts entry start tags (``<url>``, ``<sitemap>``) in a document read chunk by chunk.
+
+    Lets a reader refuse a list with too many entries while its bytes arrive,
+    before it has buffered them all; :mod:`rsnotify.sitemap` still counts
+    exactly when it parses.  A tag split between two chunks is counted once,
+    when it completes; ``<urlset>`` and ``<sitemapindex>`` are not entries.
+    Prefixed names (``<sm:url>``) are not counted: the parser's own limit
+    covers those documents.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._carry = b""
+
+    def feed(self, chunk: bytes) -> int:
+        """Add one chunk; returns the entries seen so far."""
+        buffer = self._carry + chunk
+        carried = len(self._carry)
+        self.count += sum(1 for m in _ANY_ENTRY.finditer(buffer) if m.end() > carried)
+        self._carry = buffer[-(_LONGEST_START - 1) :]
+        return self.count

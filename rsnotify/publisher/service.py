@@ -34,6 +34,7 @@ from ..collection import collection_id
 from ..envelope import Notification, to_json
 from ..errors import DocumentError, FetchError, RsNotifyError
 from ..fetch import Fetcher
+from ..httppolicy import HttpPolicy
 from ..log import Fenced, LogConflict, LogUnavailable, NotificationLog, Retention, open_log
 from ..log.tail_cache import TailCache
 from ..metrics import PublisherMetrics, metrics_app, serve
@@ -96,6 +97,9 @@ class PublisherConfig:
     websub_url: str | None = None  # the hub's public URL, if not http://HOST:PORT/
     websub_lease: int | None = None  # default lease granted (seconds)
     websub_retry_max: float = 30.0  # longest wait between retries of a failing callback
+    # Credentials, CA, proxy, pace and deadline of every read of the Source
+    # (rsnotify.httppolicy); credentials go to the Source's origin only.
+    http: HttpPolicy = field(default_factory=HttpPolicy)
 
 
 @dataclass(slots=True)
@@ -214,7 +218,7 @@ class Publisher:
         config = self.config
         # Its own transports read back what it appends: from memory, not the backend.
         self.log = TailCache(open_log(config.redis, config.state_dir))
-        self._fetcher = Fetcher()
+        self._fetcher = Fetcher(policy=config.http.with_credential_origins([config.source]))
         self._access = (
             DirectoryAccess(config.source) if self._is_directory() else HttpAccess(self._fetcher)
         )

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 
+from .. import httpoptions
 from ..logs import setup as setup_logging
 from ..report import url_argument
 from . import service
@@ -144,6 +145,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="keep the cursors in this Redis (key rsn:dest:{NAME}:cursors) instead of SQLite",
     )
+    httpoptions.add_arguments(parser)
     parser.add_argument("--mqtt-ca", metavar="FILE")
     parser.add_argument("--mqtt-insecure", action="store_true")
     parser.add_argument(
@@ -157,8 +159,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
+    try:
+        http = httpoptions.policy_from_args(args)
+    except ValueError as exc:
+        print(f"rsnotify subscribe: {exc}", flush=True)
+        return 2
     config = SubscriberConfig(
         source=args.source,
+        http=http,
         into=args.into,
         state=args.state,
         via=args.via,

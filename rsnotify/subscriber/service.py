@@ -27,6 +27,7 @@ from ..collection import collection_id
 from ..envelope import Notification
 from ..errors import RsNotifyError
 from ..fetch import Fetcher, origin_of
+from ..httppolicy import HttpPolicy
 from ..metrics import metrics_app, serve
 from ..model import Capability
 from ..publisher.access import HttpAccess
@@ -80,6 +81,9 @@ class SubscriberConfig:
     callback_listen: str | None = None  # HOST:PORT to bind, if not the callback's own
     websub_lease: int | None = None  # hub.lease_seconds to ask for (None: the hub's default)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Credentials, CA, proxy, pace and deadline of every request to the Source
+    # and its mirrors (rsnotify.httppolicy); credentials go to the Source's origin only.
+    http: HttpPolicy = field(default_factory=HttpPolicy)
 
 
 def default_state_dir(into: str) -> Path:
@@ -186,7 +190,10 @@ class Subscriber:
         self._resources = ResourceStore(self.state_dir / "resources.sqlite3")
         # One keep-alive connection per transfer slot: fewer would quietly cap
         # --concurrency (the pool, not the semaphore, would be the limit).
-        self._fetcher = Fetcher(limit_per_host=max(8, config.concurrency))
+        self._fetcher = Fetcher(
+            limit_per_host=max(8, config.concurrency),
+            policy=config.http.with_credential_origins([config.source]),
+        )
         if config.metrics_port is not None:
             self._metrics_runner, self.metrics_port = await serve(
                 metrics_app(self.metrics.registry), config.metrics_host, config.metrics_port
