@@ -40,6 +40,25 @@ class Capability(StrEnum):
     CHANGEDUMP_MANIFEST = "changedump-manifest"
 
 
+#: Capability values other published ResourceSync specifications define: the
+#: Archives specification's four, and the notification documents'
+#: (ResourceSync Change Notification and Framework Notification 1.0.1; the 1.0
+#: draft's ``changelist-notification`` too).  A reader accepts them without a
+#: word; any other value is read as a generic document, with a warning.
+EXTENSION_CAPABILITIES = frozenset(
+    {
+        "resourcelist-archive",
+        "resourcedump-archive",
+        "changelist-archive",
+        "changedump-archive",
+        "change-notification",
+        "framework-notification",
+        "changelist-notification",
+    }
+)
+KNOWN_CAPABILITIES = frozenset({c.value for c in Capability}) | EXTENSION_CAPABILITIES
+
+
 class ChangeType(StrEnum):
     """Values of ``rs:md change`` (section 7)."""
 
