@@ -744,7 +744,9 @@ def _lenient_text(text: str) -> str:
     return ",".join(rule.value for rule in Lenient if rule in rules) or "none"
 
 
-def add_lenient_option(parser: argparse.ArgumentParser, *, default: str = "none") -> None:
+def add_lenient_option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: str = "none"
+) -> None:
     """``--lenient RULE[,RULE]`` (and ``--strict``): the specification rules a reader relaxes.
 
     One spelling for ``inspect``, ``publish`` and ``subscribe``; the rules are

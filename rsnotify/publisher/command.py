@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 
+from ..config import add_lenient_option, lenient_rules
 from ..log import Retention
 from ..logs import setup as setup_logging
 from ..report import url_argument
@@ -79,6 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="URL|ID",
         help="publish only these Capability Lists (repeatable)",
     )
+    add_lenient_option(watch)  # --lenient order: Change Lists out of order (resync-build's)
     push = parser.add_argument_group("push transports")
     push.add_argument("--mqtt", metavar="URL", help="mqtt://[user:pass@]host:port or mqtts://...")
     push.add_argument("--mqtt-ca", metavar="FILE", help="CA certificate for mqtts://")
@@ -215,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
         mqtt_hub=args.mqtt_hub,
         poll=args.poll,
         watch=args.watch,
+        lenient=lenient_rules(args),
         topic_prefix=args.topic_prefix,
         heartbeat=args.heartbeat,
         retention=args.retain,
