@@ -19,6 +19,7 @@ or replaced.  Each list read out of order is reported once, as a warning.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -39,6 +40,7 @@ from .access import DocumentAccess, Fetched
 from .incremental import TailState, fragment, scan
 
 log = logging.getLogger("rsnotify.publish")
+_LINE = re.compile(r"^line \d+: ")
 
 
 @dataclass(slots=True)
@@ -99,7 +101,7 @@ class CollectionWatcher:
             # The checkpoint remembers tracker.MAX_KNOWN identities: a list must fit.
             limits = replace(limits, max_entries=sitemap.MAX_ENTRIES_PER_DOCUMENT)
         self.limits = limits
-        self._warned: set[str] = set()  # lists already reported out of order
+        self._warned: set[tuple[str, str]] = set()  # (list, kind of warning) reported
         self._single_list: bool | None = None  # unknown until the first read
         self._index_state = _ListState()
         self._refs: list[ListRef] = []
@@ -127,11 +129,11 @@ class CollectionWatcher:
         reader = sitemap.DocumentReader(body, limits=self.limits)
         yield from reader
         for warning in reader.warnings:
-            # Once per list at warning level: an open list is re-read on every change.
-            level = logging.DEBUG if url in self._warned else logging.WARNING
+            # Each kind once per list at warning level: an open list is read on every change.
+            kind = (url, _LINE.sub("", warning).split(":")[0])
+            level = logging.DEBUG if kind in self._warned else logging.WARNING
+            self._warned.add(kind)
             log.log(level, "%s: %s: %s", self.collection, url, warning)
-        if reader.warnings:
-            self._warned.add(url)
 
     async def _read_list(
         self, url: str, result: PollResult, prefetched: Fetched | None
