@@ -730,3 +730,53 @@ def show(parser: argparse.ArgumentParser, settings: Mapping[str, Setting]) -> li
         else:
             lines.append(f"{option.key} = {text}  # default")
     return lines
+
+
+# --- lenient reading of Sources (Z39.99 rules a reader may relax) ---------------------
+
+
+def _lenient_text(text: str) -> str:
+    """``--lenient`` values checked now (an unknown rule is a usage error), kept as text."""
+    from .sitemap import Lenient, parse_lenient
+
+    try:
+        rules = parse_lenient(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return ",".join(rule.value for rule in Lenient if rule in rules) or "none"
+
+
+def add_lenient_option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: str = "none"
+) -> None:
+    """``--lenient RULE[,RULE]`` (and ``--strict``): the specification rules a reader relaxes.
+
+    One spelling for ``inspect``, ``publish`` and ``subscribe``; the rules are
+    :class:`rsnotify.sitemap.Lenient` and end up in ``sitemap.Limits.lenient``
+    through :func:`lenient_rules`.
+    """
+    from .sitemap import LENIENT_HELP
+
+    rules = "; ".join(f"{rule.value}: {text}" for rule, text in LENIENT_HELP.items())
+    parser.add_argument(
+        "--lenient",
+        metavar="RULE[,RULE]",
+        type=_lenient_text,
+        default=default,
+        help=f"relax these rules of the specification, each reported once per document "
+        f"({rules}; also all, none; default: {default})",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="relax no rule of the specification (overrides --lenient)",
+    )
+
+
+def lenient_rules(args: argparse.Namespace) -> frozenset[Any]:
+    """The :class:`~rsnotify.sitemap.Lenient` rules ``args`` asks for (none with ``--strict``)."""
+    from .sitemap import parse_lenient
+
+    if getattr(args, "strict", False):
+        return frozenset()
+    return parse_lenient(getattr(args, "lenient", "none") or "none")

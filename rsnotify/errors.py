@@ -18,18 +18,30 @@ class DocumentError(RsNotifyError):
 
     ``line`` and ``element`` locate the problem when it is known, so the
     message can point an operator at the offending place in a 50 MB file.
+    ``rule`` names what the refusal enforces (``"Z39.99 section 12.1"``, ``"XML
+    1.0"``, an rsnotify safety limit), so an operator can tell a Source that
+    breaks the specification from one rsnotify reads too strictly.
     """
 
-    def __init__(self, message: str, *, line: int | None = None, element: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        line: int | None = None,
+        element: str | None = None,
+        rule: str | None = None,
+    ):
         self.reason = message
         self.line = line
         self.element = element
+        self.rule = rule
         where = []
         if line is not None:
             where.append(f"line {line}")
         if element:
             where.append(f"<{element}>")
-        super().__init__(f"{message} ({', '.join(where)})" if where else message)
+        text = f"{message} ({', '.join(where)})" if where else message
+        super().__init__(f"{text} [{rule}]" if rule else text)
 
 
 # --- hostile or oversized input: refused before it can cost anything --------

@@ -16,6 +16,8 @@ either, so no caller has to care which version a Source speaks.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +38,25 @@ class Capability(StrEnum):
     CHANGELIST = "changelist"
     CHANGEDUMP = "changedump"
     CHANGEDUMP_MANIFEST = "changedump-manifest"
+
+
+#: Capability values other published ResourceSync specifications define: the
+#: Archives specification's four, and the notification documents'
+#: (ResourceSync Change Notification and Framework Notification 1.0.1; the 1.0
+#: draft's ``changelist-notification`` too).  A reader accepts them without a
+#: word; any other value is read as a generic document, with a warning.
+EXTENSION_CAPABILITIES = frozenset(
+    {
+        "resourcelist-archive",
+        "resourcedump-archive",
+        "changelist-archive",
+        "changedump-archive",
+        "change-notification",
+        "framework-notification",
+        "changelist-notification",
+    }
+)
+KNOWN_CAPABILITIES = frozenset({c.value for c in Capability}) | EXTENSION_CAPABILITIES
 
 
 class ChangeType(StrEnum):
@@ -128,16 +149,68 @@ class Entry:
         return min(matches, key=lambda ln: ln.priority) if matches else None
 
 
+#: Digest sizes in bytes of the hash algorithms rsnotify verifies (``hash`` tokens, section 7).
+DIGEST_SIZES = {"md5": 16, "sha-1": 20, "sha-256": 32, "sha-512": 64}
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+def normalize_digest(algo: str, digest: str) -> str | None:
+    """A ``hash`` token's digest as lowercase hex, or None when it is in neither known form.
+
+    Section 7 says "hex-encoded", but the field writes both: resync before 1.0
+    and the Cornell simulator wrote base64 MD5 (``md5:E+0tzxHYD0ohNZG+DFqXrA==``),
+    and a base64 digest lowercased and compared as hex never matches.  For the
+    algorithms of :data:`DIGEST_SIZES` the two forms cannot be confused: the
+    hex form of an n-byte digest has 2n characters, the base64 form 4*ceil(n/3)
+    (padded) or fewer (unpadded), so the length says which it is.  Standard
+    and URL-safe base64 are both read.  Other algorithms are returned as
+    written (lowercased when hex): rsnotify cannot verify them anyway.
+    """
+    text = digest.strip()
+    size = DIGEST_SIZES.get(algo.lower())
+    if size is None:
+        return text.lower() if text and set(text) <= _HEX_DIGITS else text
+    if len(text) == 2 * size and set(text) <= _HEX_DIGITS:
+        return text.lower()
+    if len(text) not in (-(-size // 3) * 4, -(-size * 4 // 3)):
+        return None
+    padded = text + "=" * (-len(text) % 4)
+    try:
+        raw = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
+    except (ValueError, binascii.Error):
+        return None
+    return raw.hex() if len(raw) == size else None
+
+
 def parse_hashes(value: str | None) -> dict[str, str]:
-    """Split a ``hash`` attribute (whitespace-delimited ``algo:hex``) into a dict."""
+    """Split a ``hash`` attribute (whitespace-delimited ``algo:digest``) into a dict.
+
+    Keys are lowercase algorithm names; digests of known algorithms come back
+    as lowercase hex whether the Source wrote hex or base64 (see
+    :func:`normalize_digest`).  A digest in neither form is kept *as written*
+    so that the verifier can name it (:func:`is_checkable` tells which).
+    """
     if not value:
         return {}
     out: dict[str, str] = {}
     for token in value.split():
         algo, sep, digest = token.partition(":")
         if sep and algo and digest:
-            out[algo.lower()] = digest.lower()
+            algo = algo.lower()
+            normal = normalize_digest(algo, digest)
+            out[algo] = digest if normal is None else normal
     return out
+
+
+def is_checkable(algo: str, digest: str) -> bool:
+    """True when ``digest`` is the lowercase hex digest of a known algorithm's size."""
+    size = DIGEST_SIZES.get(algo)
+    return (
+        size is not None
+        and len(digest) == 2 * size
+        and set(digest) <= _HEX_DIGITS
+        and (digest == digest.lower())
+    )
 
 
 @dataclass(slots=True)

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
 from typing import IO, Any
 
 from lxml import etree
@@ -50,6 +51,7 @@ from .errors import (
 )
 from .model import (
     CHANGEFREQS,
+    KNOWN_CAPABILITIES,
     RS_NS,
     SITEMAP_NS,
     Capability,
@@ -114,17 +116,83 @@ _SAFE_PARSER_OPTIONS: dict[str, Any] = {
 }
 
 
+# What each refusal enforces (DocumentError.rule), so a message names its rule.
+R_STRUCTURE = "Z39.99 section 7"
+R_CHANGELIST = "Z39.99 section 12.1"
+R_INDEX_ORDER = "Z39.99 section 12.2"
+R_MANIFEST_ORDER = "Z39.99 section 13.1.1"
+R_TIMES = "Z39.99 Appendix A"
+R_DATETIME = "W3C Datetime, Z39.99 section 7"
+R_XML = "XML 1.0"
+R_SITEMAP = "Sitemap protocol, Z39.99 section 7"
+R_SAFETY = "rsnotify safety limit"
+
+
+class Lenient(StrEnum):
+    """A rule of the specification that a reader may relax, by name (``--lenient RULE``).
+
+    Each is a rule real Sources break (see the README's "Sources in the
+    wild"); relaxing one never guesses silently: the reader reports what it
+    relaxed in :attr:`DocumentReader.warnings`, once per document.
+    """
+
+    #: W3C Datetime needs a time zone once a time is given (Z39.99 section 7):
+    #: ``2020-06-02T00:00:00`` (or with a space for the ``T``) is read as UTC.
+    TIMEZONE = "timezone"
+    #: A document without a document-level ``rs:md`` (a plain Sitemap) is read
+    #: as a Resource List (``urlset``) or Resource List Index (``sitemapindex``);
+    #: never when an entry carries ``rs:md change`` (a Change List without its
+    #: header stays refused: reading it as a snapshot would invert deletions).
+    PLAIN_SITEMAP = "plain-sitemap"
+    #: Entries out of forward chronological order (sections 12.1, 12.2, 13.1.1)
+    #: are read in document order with one warning per document.
+    ORDER = "order"
+
+
+LENIENT_HELP = {
+    Lenient.TIMEZONE: "datetimes without a time zone read as UTC",
+    Lenient.PLAIN_SITEMAP: "a plain Sitemap (no rs:md) read as a Resource List (Index)",
+    Lenient.ORDER: "entries out of forward chronological order read in document order",
+}
+
+
+def parse_lenient(text: str | Iterable[str]) -> frozenset[Lenient]:
+    """``"timezone,order"`` (or a list of such) as rules; ``all`` and ``none`` too.
+
+    Raises ValueError naming the known rules for anything else.
+    """
+    items = [text] if isinstance(text, str) else list(text)
+    rules: set[Lenient] = set()
+    for item in items:
+        for name in (part.strip().lower() for part in item.split(",")):
+            if name in ("", "none"):
+                continue
+            if name == "all":
+                rules.update(Lenient)
+                continue
+            try:
+                rules.add(Lenient(name))
+            except ValueError:
+                known = ", ".join([*(rule.value for rule in Lenient), "all", "none"])
+                raise ValueError(f"unknown lenient rule {name!r} (known: {known})") from None
+    return frozenset(rules)
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Bounds applied while reading one document.
+    """How one document is read: bounds, and the rules relaxed for it.
 
     ``max_entries`` defaults to no limit because an index *set* may be read
     through one reader; set it to 50,000 to enforce the Sitemap rule strictly.
+    ``lenient`` names the specification rules this reader relaxes (none by
+    default): the policy travels with the bounds, so every caller that
+    passes its :class:`Limits` down passes the operator's choice with them.
     """
 
     max_bytes: int = MAX_DOCUMENT_BYTES
     max_entries: int | None = None
     chunk_size: int = 1 << 16
+    lenient: frozenset[Lenient] = frozenset()
 
 
 DEFAULT_LIMITS = Limits()
@@ -142,14 +210,18 @@ def _chunks(source: Source, limits: Limits) -> Iterator[bytes]:
     if isinstance(source, bytes | bytearray | memoryview):
         data = bytes(source)
         if len(data) > limits.max_bytes:
-            raise DocumentTooLarge(f"document is {len(data)} bytes, limit {limits.max_bytes}")
+            raise DocumentTooLarge(
+                f"document is {len(data)} bytes, limit {limits.max_bytes}", rule=R_SITEMAP
+            )
         for start in range(0, len(data), limits.chunk_size):
             yield data[start : start + limits.chunk_size]
         return
     if isinstance(source, str | os.PathLike):
         size = os.stat(source).st_size
         if size > limits.max_bytes:
-            raise DocumentTooLarge(f"{os.fspath(source)} is {size} bytes, limit {limits.max_bytes}")
+            raise DocumentTooLarge(
+                f"{os.fspath(source)} is {size} bytes, limit {limits.max_bytes}", rule=R_SITEMAP
+            )
         with open(source, "rb") as handle:
             yield from _read_stream(handle, limits)
         return
@@ -168,7 +240,8 @@ def _guard_markup(chunks: Iterator[bytes]) -> Iterator[bytes]:
         gap = gap + len(chunk) if end < 0 else len(chunk) - end - 1
         if gap > _MAX_MARKUP_GAP:
             raise DocumentTooLarge(
-                f"more than {_MAX_MARKUP_GAP} bytes without a '>': a tag or text far too long"
+                f"more than {_MAX_MARKUP_GAP} bytes without a '>': a tag or text far too long",
+                rule=R_SAFETY,
             )
         yield chunk
 
@@ -181,7 +254,9 @@ def _read_stream(handle: IO[bytes], limits: Limits) -> Iterator[bytes]:
             return
         total += len(chunk)
         if total > limits.max_bytes:
-            raise DocumentTooLarge(f"document exceeds the limit of {limits.max_bytes} bytes")
+            raise DocumentTooLarge(
+                f"document exceeds the limit of {limits.max_bytes} bytes", rule=R_SITEMAP
+            )
         yield chunk
 
 
@@ -205,22 +280,56 @@ def _syntax_error(exc: etree.XMLSyntaxError) -> DocumentError:
         if fatals:
             message, line = fatals[-1].message, fatals[-1].line or None
     if "depth" in message.lower():
-        return DocumentTooDeep(f"element nesting too deep: {message}", line=line)
+        return DocumentTooDeep(f"element nesting too deep: {message}", line=line, rule=R_SAFETY)
     if "amplification" in message.lower() or ("entity" in message.lower() and "loop" in message):
-        return ForbiddenDTD(f"entity expansion refused: {message}", line=line)
-    return MalformedXML(f"not well-formed XML: {message}", line=line)
+        return ForbiddenDTD(f"entity expansion refused: {message}", line=line, rule=R_SAFETY)
+    return MalformedXML(f"not well-formed XML: {message}", line=line, rule=R_XML)
 
 
 # --- value conversion (each raises with the entry's place) --------------------
 
 
+_NAIVE = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[T ]([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]{1,9}))?)?"
+)
+TimeReader = Callable[[str | None, int | None, str], datetime | None]
+
+
+def _naive(value: str) -> datetime | None:
+    """A zone-less datetime (``T`` or a space before the time) as UTC, else None."""
+    match = _NAIVE.fullmatch(value.strip())
+    if match is None:
+        return None
+    year, month, day, hour, minute, second, fraction = match.groups()
+    try:
+        return datetime(
+            int(year),
+            int(month),
+            int(day),
+            int(hour),
+            int(minute),
+            int(second or 0),
+            int(((fraction or "") + "000000")[:6]),
+            tzinfo=UTC,
+        )
+    except ValueError:
+        return None
+
+
 def _time(value: str | None, line: int | None, element: str) -> datetime | None:
+    """A W3C Datetime, strictly: a time without a time zone is refused, saying so."""
     if value is None:
         return None
     try:
         return w3cdt.parse(value)
     except InvalidDatetime as exc:
-        raise InvalidDatetime(exc.reason, line=line, element=element) from None
+        reason = exc.reason
+        if _naive(value) is not None:
+            reason += (
+                ": a time without a time zone (W3C Datetime needs one once a time is given;"
+                " --lenient timezone reads it as UTC)"
+            )
+        raise InvalidDatetime(reason, line=line, element=element, rule=R_DATETIME) from None
 
 
 def _int(value: str | None, name: str, line: int | None, element: str, low: int = 0) -> int | None:
@@ -230,7 +339,10 @@ def _int(value: str | None, name: str, line: int | None, element: str, low: int 
     # isascii: str.isdigit() also accepts "²" and other digits int() refuses.
     if not (text.isascii() and text.isdigit()) or int(text) < low:
         raise InvalidValue(
-            f"{name}={value!r} is not an integer >= {low}", line=line, element=element
+            f"{name}={value!r} is not an integer >= {low}",
+            line=line,
+            element=element,
+            rule=R_STRUCTURE,
         )
     return int(text)
 
@@ -249,24 +361,29 @@ def _extra(attrs: dict[str, str], line: int | None, element: str) -> dict[str, s
                 f"attribute {name[:100]!r} has a namespace URI with braces",
                 line=line,
                 element=element,
+                rule=R_STRUCTURE,
             )
     return attrs
 
 
-def _link(attrs: dict[str, str], line: int | None) -> Link:
+def _link(attrs: dict[str, str], line: int | None, when: TimeReader = _time) -> Link:
     rel = attrs.pop("rel", None)
     href = attrs.pop("href", None)
     if not rel or not href:
-        raise MissingElement("rs:ln needs both rel and href", line=line, element="rs:ln")
+        raise MissingElement(
+            "rs:ln needs both rel and href", line=line, element="rs:ln", rule=R_STRUCTURE
+        )
     pri = _int(attrs.pop("pri", None), "pri", line, "rs:ln", low=1)
     if pri is not None and pri > 999_999:
-        raise InvalidValue(f"pri={pri} is above 999999", line=line, element="rs:ln")
+        raise InvalidValue(
+            f"pri={pri} is above 999999", line=line, element="rs:ln", rule=R_STRUCTURE
+        )
     link = Link(
         rel=rel,
         href=href.strip(),
         hash=attrs.pop("hash", None),
         length=_int(attrs.pop("length", None), "length", line, "rs:ln"),
-        modified=_time(attrs.pop("modified", None), line, "rs:ln"),
+        modified=when(attrs.pop("modified", None), line, "rs:ln"),
         path=attrs.pop("path", None),
         type=attrs.pop("type", None),
         pri=pri,
@@ -278,14 +395,18 @@ def _link(attrs: dict[str, str], line: int | None) -> Link:
 
 
 def _md_fields(
-    attrs: dict[str, str], line: int | None, element: str, names: tuple[str, ...] = _MD_TIMES
+    attrs: dict[str, str],
+    line: int | None,
+    element: str,
+    names: tuple[str, ...] = _MD_TIMES,
+    when: TimeReader = _time,
 ) -> dict[str, Any]:
     """Convert an rs:md attribute dict into Entry/Document keyword arguments."""
     out: dict[str, Any] = {}
     for name in names:
         value = attrs.pop(name, None)
         if value is not None:
-            out["from_" if name == "from" else name] = _time(value, line, element)
+            out["from_" if name == "from" else name] = when(value, line, element)
     return out
 
 
@@ -297,15 +418,18 @@ class _Header:
     md_extra: dict[str, str] = field(default_factory=dict)
     links: list[Link] = field(default_factory=list)
     seen_md: bool = False
+    md_line: int | None = None
 
 
 class DocumentReader:
     """Stream one ResourceSync document: :attr:`header` first, then entries.
 
     Iterating yields :class:`~rsnotify.model.Entry` objects lazily; only the
-    entry being read is in memory.  A reader can be iterated once.  With
-    ``allow_unordered`` entries out of forward chronological order are
-    reported in :attr:`warnings` instead of raising :class:`OutOfOrder`.
+    entry being read is in memory.  A reader can be iterated once.  The rules
+    named in ``limits.lenient`` (:class:`Lenient`) are relaxed, each reported
+    once in :attr:`warnings`; ``allow_unordered`` is the older spelling of
+    :attr:`Lenient.ORDER`.  :attr:`unordered` counts the entries read out of
+    forward chronological order.
     """
 
     def __init__(
@@ -315,10 +439,15 @@ class DocumentReader:
         limits: Limits = DEFAULT_LIMITS,
         allow_unordered: bool = False,
     ) -> None:
+        if allow_unordered and Lenient.ORDER not in limits.lenient:
+            limits = replace(limits, lenient=limits.lenient | {Lenient.ORDER})
         self._source = source
         self._limits = limits
-        self._allow_unordered = allow_unordered
+        self._lenient = limits.lenient
+        self._allow_unordered = Lenient.ORDER in limits.lenient
         self.warnings: list[str] = []
+        self.unordered = 0
+        self._warned: set[str] = set()
         self._header: _Header | None = None
         self._pending: Any = None  # first entry element, read while finding the header
         self._elements = self._element_stream()
@@ -326,12 +455,37 @@ class DocumentReader:
         self._last_time: datetime | None = None
         self._change_doc = False
         self._index_doc = False
+        self._order_rule = R_CHANGELIST
+        self._plain = False  # read leniently as a Resource List: no rs:md at all
         self._consumed = False
         self._root_kind = Root.URLSET  # set from the real root by _check_root
         self._entry_tag = _URL
         self._entry_name = "url"
         self._partial: _Header | None = None
         self._root: Any = None  # the main parser's root element, once started
+        self._when: TimeReader = self._lenient_time if Lenient.TIMEZONE in self._lenient else _time
+
+    def _warn(self, key: str, message: str) -> None:
+        """Add ``message`` to :attr:`warnings` unless a warning of this kind was given."""
+        if key not in self._warned:
+            self._warned.add(key)
+            self.warnings.append(message)
+
+    def _lenient_time(self, value: str | None, line: int | None, element: str) -> datetime | None:
+        """:func:`_time`, but a time without a zone is read as UTC (``--lenient timezone``)."""
+        try:
+            return _time(value, line, element)
+        except InvalidDatetime:
+            assert value is not None
+            moment = _naive(value)
+            if moment is None:
+                raise
+            self._warn(
+                "timezone",
+                f"line {line}: {value!r} and any other time without a time zone read as UTC "
+                f"(lenient timezone; {R_DATETIME} requires a time zone)",
+            )
+            return moment
 
     # -- raw element stream ---------------------------------------------------
 
@@ -357,7 +511,8 @@ class DocumentReader:
                     if fed > _MAX_PREAMBLE:
                         raise DocumentTooLarge(
                             f"no entry in the first {_MAX_PREAMBLE} bytes: "
-                            "a ResourceSync header is never that long"
+                            "a ResourceSync header is never that long",
+                            rule=R_SAFETY,
                         )
                 else:
                     self._sweep()
@@ -397,6 +552,7 @@ class DocumentReader:
                     f"<{name}> holds more than {_MAX_OPEN_ELEMENTS} elements",
                     line=last.sourceline,
                     element=name,
+                    rule=R_SAFETY,
                 )
 
     def _drain_after(self, parser: Any, root: Any) -> Iterator[Any]:
@@ -424,7 +580,7 @@ class DocumentReader:
                     self._check_encoding(bytes(buffered))
                     return bytes(buffered)
                 if len(buffered) > _MAX_PROLOG_BYTES:
-                    raise InvalidDocument("no root element in the first 1 MiB")
+                    raise InvalidDocument("no root element in the first 1 MiB", rule=R_SAFETY)
             peek.close()
         except etree.XMLSyntaxError as exc:
             # feed() parses the whole chunk: an error further on (an entity a
@@ -433,25 +589,31 @@ class DocumentReader:
                 self._check_root(element)
                 break
             raise _syntax_error(exc) from None
-        raise MalformedXML("empty document")
+        raise MalformedXML("empty document", rule=R_XML)
 
     def _check_encoding(self, head: bytes) -> None:
         """Refuse anything but UTF-8: the Sitemap protocol requires it."""
         if head.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in head[:4]:
-            raise InvalidDocument("document is UTF-16/32; Sitemaps must be UTF-8", line=1)
+            raise InvalidDocument(
+                "document is UTF-16/32; Sitemaps must be UTF-8", line=1, rule=R_SITEMAP
+            )
         declared = _DECLARED_ENCODING.match(head)
         if declared:
             name = declared.group(1).decode("ascii", "replace")
             if name.lower().replace("-", "").replace("_", "") not in _UTF8_NAMES:
                 raise InvalidDocument(
-                    f"document declares encoding {name!r}; Sitemaps must be UTF-8", line=1
+                    f"document declares encoding {name!r}; Sitemaps must be UTF-8",
+                    line=1,
+                    rule=R_SITEMAP,
                 )
 
     def _check_root(self, element: Any) -> None:
         docinfo = element.getroottree().docinfo
         if docinfo.doctype or docinfo.internalDTD is not None or docinfo.system_url:
             raise ForbiddenDTD(
-                "DOCTYPE declarations are not allowed in ResourceSync documents", line=1
+                "DOCTYPE declarations are not allowed in ResourceSync documents",
+                line=1,
+                rule=R_SAFETY,
             )
         tag = element.tag
         if tag not in _ROOTS:
@@ -461,11 +623,13 @@ class DocumentReader:
                     f"<{local}> must be in the Sitemap namespace {SITEMAP_NS}",
                     line=element.sourceline,
                     element=local,
+                    rule=R_STRUCTURE,
                 )
             raise InvalidDocument(
                 f"root element <{local}> is neither <urlset> nor <sitemapindex>",
                 line=element.sourceline,
                 element=local,
+                rule=R_STRUCTURE,
             )
         self._root_kind = _ROOTS[tag]
         self._entry_tag = _URL if self._root_kind is Root.URLSET else _SITEMAP
@@ -485,21 +649,22 @@ class DocumentReader:
             if tag == _MD:
                 if header.seen_md:
                     raise InvalidDocument(
-                        "document has more than one rs:md", line=child.sourceline, element="rs:md"
-                    )
-                if self._header is not None:
-                    raise MissingElement(
-                        "the document-level rs:md must come before the entries",
+                        "document has more than one document-level rs:md (the first on line "
+                        f"{header.md_line})",
                         line=child.sourceline,
                         element="rs:md",
+                        rule=R_STRUCTURE,
                     )
+                if self._header is not None:
+                    raise self._late_md(child.sourceline)
                 # items(), not attrib: lxml's attrib cannot look up a name whose
                 # namespace URI holds braces (KeyError); _extra refuses those.
                 attrs = dict(child.items())
                 header.seen_md = True
+                header.md_line = child.sourceline
                 header.capability = attrs.pop("capability", None)
                 # "datetime" is an entry time: at document level it is an extra.
-                header.md = _md_fields(attrs, child.sourceline, "rs:md", _DOC_TIMES)
+                header.md = _md_fields(attrs, child.sourceline, "rs:md", _DOC_TIMES, self._when)
                 header.md_extra = _extra(attrs, child.sourceline, "rs:md")
             elif tag == _LN:
                 if self._header is not None:
@@ -509,35 +674,94 @@ class DocumentReader:
                         "document-level rs:ln must come before the entries",
                         line=child.sourceline,
                         element="rs:ln",
+                        rule=R_STRUCTURE,
                     )
-                header.links.append(_link(dict(child.items()), child.sourceline))
+                header.links.append(_link(dict(child.items()), child.sourceline, self._when))
             elif isinstance(tag, str) and tag.endswith(("}md", "}ln")) and tag not in (_MD, _LN):
                 raise WrongNamespace(
                     f"{tag} is not in the ResourceSync namespace {RS_NS}",
                     line=child.sourceline,
                     element=_local(tag),
+                    rule=R_STRUCTURE,
                 )
             if stop is not None:
                 root.remove(child)
+
+    def _late_md(self, line: int | None) -> InvalidDocument:
+        return InvalidDocument(
+            f"the document-level rs:md comes after the first <{self._entry_name}>: it must "
+            "precede the entries (the reader learns the capability from it before any entry)",
+            line=line,
+            element="rs:md",
+            rule=R_STRUCTURE,
+        )
 
     def _header_in_progress(self) -> _Header:
         if self._partial is None:
             self._partial = _Header(root=self._root_kind)
         return self._partial
 
-    def _finish_header(self, root: Any) -> None:
+    def _missing_md(self, root: Any, drain: bool) -> DocumentError:
+        """Why a document has no rs:md before its first entry, told as precisely as we can.
+
+        An rs:md placed after the first entry gets its own message, so the rest
+        of the document is read to find it (this is the path to a refusal; the
+        size limits still hold).  Otherwise: a plain Sitemap when the
+        ResourceSync namespace is not even declared, else a missing rs:md.
+        """
+        header = self._header_in_progress()
+        try:
+            for element in self._elements if drain else ():
+                element.clear(keep_tail=False)
+                if header.seen_md:
+                    break
+        except DocumentError:
+            pass  # a later fault must not hide the first
+        if header.seen_md:
+            return self._late_md(header.md_line)
+        line = root.sourceline if root is not None else None
+        declared = root is not None and RS_NS in root.nsmap.values()
+        what = (
+            "document has no document-level rs:md"
+            if declared
+            else f"a plain Sitemap: the ResourceSync namespace {RS_NS} is not declared and "
+            "there is no rs:md"
+        )
+        return MissingElement(
+            f"{what}; the rs:md with a capability is mandatory in every ResourceSync "
+            "document (--lenient plain-sitemap reads a plain Sitemap as a Resource List)",
+            line=line,
+            element=header.root.value,
+            rule=R_STRUCTURE,
+        )
+
+    def _finish_header(self, root: Any, *, drain: bool = False) -> None:
+        """Check and keep the header; ``drain``: the element stream may be read on."""
         header = self._header_in_progress()
         line = root.sourceline if root is not None else None
         if not header.seen_md:
-            raise MissingElement(
-                "document has no rs:md element before its entries "
-                f"(is the ResourceSync namespace {RS_NS} declared?)",
-                line=line,
-                element=header.root.value,
+            if Lenient.PLAIN_SITEMAP not in self._lenient:
+                raise self._missing_md(root, drain)
+            header.capability = Capability.RESOURCELIST
+            self._plain = True
+            kind = "Resource List" if header.root is Root.URLSET else "Resource List Index"
+            self._warn(
+                "plain",
+                f"no document-level rs:md: a plain Sitemap, read as a {kind} "
+                f"(lenient plain-sitemap; {R_STRUCTURE} makes rs:md capability mandatory)",
             )
         if not header.capability:
             raise MissingElement(
-                "the document-level rs:md has no capability", line=line, element="rs:md"
+                "the document-level rs:md has no capability (mandatory in every document)",
+                line=header.md_line or line,
+                element="rs:md",
+                rule=R_STRUCTURE,
+            )
+        if header.capability not in KNOWN_CAPABILITIES:
+            self._warn(
+                "capability",
+                f"unknown capability {header.capability!r} ({R_STRUCTURE} defines "
+                f"{', '.join(c.value for c in Capability)}): read as a generic document",
             )
         self._header = header
         self._change_doc = is_change_document(header.capability, header.root)
@@ -545,12 +769,17 @@ class DocumentReader:
             Capability.CHANGELIST,
             Capability.CHANGEDUMP,
         )
+        if header.capability == Capability.CHANGEDUMP_MANIFEST:
+            self._order_rule = R_MANIFEST_ORDER
+        elif self._index_doc:
+            self._order_rule = R_INDEX_ORDER
         if header.capability == Capability.CHANGELIST and "from_" not in header.md:
             self.warnings.append("Change List without the mandatory 'from' (Appendix A)")
         if (
             header.capability == Capability.RESOURCELIST
             and header.root is Root.URLSET
             and "at" not in header.md
+            and not self._plain
         ):
             self.warnings.append("Resource List without the mandatory 'at' (Appendix A)")
 
@@ -564,7 +793,7 @@ class DocumentReader:
                 self._pending = None
             if self._header is None:  # first entry seen: header precedes it
                 self._root_children(self._pending.getparent(), self._pending)
-                self._finish_header(self._pending.getparent())
+                self._finish_header(self._pending.getparent(), drain=True)
         header = self._header
         assert header is not None
         return make_document(
@@ -591,34 +820,66 @@ class DocumentReader:
         for element in self._elements:  # a plain for loop: the cheapest way through
             yield entry(element)
 
+    def _repeated(self, child: Any, what: str) -> InvalidDocument:
+        """A second ``<loc>``, ``<lastmod>``, ``<changefreq>`` or ``rs:md`` in one entry.
+
+        Keeping the last (or the first) would silently pick one of two resources
+        or times: the Sitemap schema allows each at most once, and section 7
+        says of the entry's rs:md "the element is not repeatable".
+        """
+        return InvalidDocument(
+            f"<{self._entry_name}> has a second {what}: at most one per entry",
+            line=child.sourceline,
+            element=_local(child.tag) if what != "rs:md" else "rs:md",
+            rule=R_STRUCTURE,
+        )
+
     def _entry(self, element: Any) -> Entry:
         # The hot path of every parse: one pass over the children, one Entry()
         # call, no per-field setattr.  Measured against a bare lxml loop in
         # bench/parse.py.
         line = element.sourceline
         loc = lastmod = changefreq = None
+        seen_loc = seen_lastmod = False
         md: dict[str, str] | None = None
         links: list[Link] | None = None
         for child in element:
             tag = child.tag
             if tag == _LOC:
+                if seen_loc:
+                    raise self._repeated(child, "<loc>")
+                seen_loc = True
                 loc = child.text
             elif tag == _MD:
                 if md is not None:
-                    raise InvalidDocument("entry has more than one rs:md", line=child.sourceline)
+                    raise self._repeated(child, "rs:md")
                 md = dict(child.items())
             elif tag == _LASTMOD:
+                if seen_lastmod:
+                    raise self._repeated(child, "<lastmod>")
+                seen_lastmod = True
                 lastmod = child.text
+                if lastmod is None:
+                    self._warn(
+                        "empty-lastmod",
+                        f"line {child.sourceline}: an empty <lastmod> read as absent "
+                        f"({R_STRUCTURE}: it is a W3C Datetime when present)",
+                    )
             elif tag == _LN:
                 if links is None:
                     links = []
-                links.append(_link(dict(child.items()), child.sourceline))
+                links.append(_link(dict(child.items()), child.sourceline, self._when))
             elif tag == _CHANGEFREQ:
+                if changefreq is not None:
+                    raise self._repeated(child, "<changefreq>")
                 changefreq = (child.text or "").strip()
         if element.tag != self._entry_tag:
             name = _local(element.tag)
             raise InvalidDocument(
-                f"<{name}> does not belong in <{self._root_kind.value}>", line=line, element=name
+                f"<{name}> does not belong in <{self._root_kind.value}>",
+                line=line,
+                element=name,
+                rule=R_STRUCTURE,
             )
         parent = element.getparent()
         if parent.getparent() is not None:
@@ -626,23 +887,31 @@ class DocumentReader:
             # glue the text after it to its parent's, differently per chunk boundary.
             name = _local(element.tag)
             raise InvalidDocument(
-                f"<{name}> nested inside <{_local(parent.tag)}>", line=line, element=name
+                f"<{name}> nested inside <{_local(parent.tag)}>",
+                line=line,
+                element=name,
+                rule=R_STRUCTURE,
             )
         # Free what was read: constant memory however long the document.
         element.clear(keep_tail=False)
         parent.remove(element)
 
         name = self._entry_name
+        # anyURI collapses whitespace: <loc> padded with newlines and tabs is the URI inside.
         if not loc or not (loc := loc.strip()):
-            raise MissingElement("entry without <loc>", line=line, element=name)
+            raise MissingElement(
+                "entry without <loc> (mandatory)", line=line, element=name, rule=R_STRUCTURE
+            )
         if changefreq is not None and changefreq not in CHANGEFREQS:
-            raise InvalidValue(f"unknown changefreq {changefreq!r}", line=line, element=name)
+            raise InvalidValue(
+                f"unknown changefreq {changefreq!r}", line=line, element=name, rule=R_STRUCTURE
+            )
         when = None
         if lastmod is not None:
             try:
                 when = w3cdt.parse(lastmod)
-            except InvalidDatetime as exc:
-                raise InvalidDatetime(exc.reason, line=line, element="lastmod") from None
+            except InvalidDatetime:
+                when = self._when(lastmod, line, "lastmod")
         change = digest = media = length = moment = None
         if md:
             # The common Change List attributes first, positionally into Entry();
@@ -657,6 +926,15 @@ class DocumentReader:
                         f"unknown change {text!r} (created, updated or deleted)",
                         line=line,
                         element="rs:md",
+                        rule=R_STRUCTURE,
+                    )
+                if self._plain:
+                    raise MissingElement(
+                        f"entry with rs:md change={text!r} in a document without rs:md: a "
+                        "Change List without its header is not read as a Resource List",
+                        line=line,
+                        element="rs:md",
+                        rule=R_CHANGELIST,
                     )
             digest = pop("hash", None)
             media = pop("type", None)
@@ -669,7 +947,7 @@ class DocumentReader:
                 )
             text = pop("datetime", None)  # on every entry of a 1.1 Change List
             if text is not None:
-                moment = _time(text, line, "rs:md")
+                moment = self._when(text, line, "rs:md")
         entry = Entry(loc, when, changefreq, change, moment, digest, length, media, line=line)
         if md:
             self._rare_md(entry, md, line)
@@ -678,7 +956,9 @@ class DocumentReader:
         self._count += 1
         limit = self._limits.max_entries
         if limit is not None and self._count > limit:
-            raise TooManyEntries(f"more than {limit} entries", line=line, element=name)
+            raise TooManyEntries(
+                f"more than {limit} entries", line=line, element=name, rule=R_SITEMAP
+            )
         if self._change_doc:
             t = entry.datetime if entry.datetime is not None else when
             last = self._last_time
@@ -690,17 +970,22 @@ class DocumentReader:
             self._check_order(entry.from_, entry, name, "from")
         return entry
 
-    @staticmethod
-    def _rare_md(entry: Entry, md: dict[str, str], line: int | None) -> None:
+    def _rare_md(self, entry: Entry, md: dict[str, str], line: int | None) -> None:
         """rs:md attributes beyond change/hash/type/length/datetime (intervals, extras)."""
         pop = md.pop
-        entry.capability = pop("capability", None)
+        entry.capability = capability = pop("capability", None)
         entry.path = pop("path", None)
         entry.encoding = pop("encoding", None)
-        for key, value in _md_fields(md, line, "rs:md").items():
+        for key, value in _md_fields(md, line, "rs:md", _MD_TIMES, self._when).items():
             setattr(entry, key, value)
         if md:
             entry.md_extra = _extra(md, line, "rs:md")
+        if capability is not None and capability not in KNOWN_CAPABILITIES:
+            self._warn(
+                f"capability {capability}",
+                f"line {line}: unknown capability {capability!r} of {entry.loc} "
+                f"({R_STRUCTURE} does not define it)",
+            )
 
     def _check_change(self, entry: Entry, name: str) -> None:
         if entry.change is None:
@@ -708,6 +993,7 @@ class DocumentReader:
                 f"Change List entry for {entry.loc} has no rs:md change",
                 line=entry.line,
                 element=name,
+                rule=R_CHANGELIST,
             )
         when = entry.change_time
         if when is None:
@@ -716,6 +1002,7 @@ class DocumentReader:
                 "(<lastmod> or rs:md datetime)",
                 line=entry.line,
                 element=name,
+                rule=R_TIMES,
             )
         self._check_order(when, entry, name, "change time")
 
@@ -729,8 +1016,19 @@ class DocumentReader:
                 f"of {entry.loc} precedes {w3cdt.format(last)}"
             )
             if not self._allow_unordered:
-                raise OutOfOrder(message, line=entry.line, element=name)
-            self.warnings.append(f"line {entry.line}: {message}")
+                raise OutOfOrder(
+                    f"{message} (--lenient order reads them in document order)",
+                    line=entry.line,
+                    element=name,
+                    rule=self._order_rule,
+                )
+            # One warning per document, however many entries are out of place.
+            self.unordered += 1
+            self._warn(
+                "order",
+                f"line {entry.line}: {message} [{self._order_rule}]; read in document order "
+                "(lenient order)",
+            )
             return
         self._last_time = when
 
@@ -746,11 +1044,7 @@ def parse(
     hundreds of megabytes.
     """
     if limits.max_entries is None:
-        limits = Limits(
-            max_bytes=limits.max_bytes,
-            max_entries=MAX_ENTRIES_PER_DOCUMENT,
-            chunk_size=limits.chunk_size,
-        )
+        limits = replace(limits, max_entries=MAX_ENTRIES_PER_DOCUMENT)
     reader = DocumentReader(source, limits=limits, allow_unordered=allow_unordered)
     document = reader.header
     document.entries = list(reader)

@@ -12,25 +12,157 @@ and opened another, dropped old lists from its index, or removed an entry.
 The checkpoint is committed atomically with the log entries it covers, so on
 restart the tracker resumes exactly after the last logged entry: an entry is
 never given two sequence numbers and never skipped.
+
+**Change Lists out of order.**  The time key above assumes what section 12.1
+requires: entries in forward chronological order, so a new entry is never
+older than one already logged.  resync 2.0.1's ``resync-build`` writes its
+Change Lists grouped by change type, dates a deletion with the deleted file's
+old modification time, and rewrites the list every time it runs; with the
+time key such entries would be dropped for good.  A Source read with the
+``order`` rule relaxed (``--lenient order``) gets an *unordered* checkpoint:
+the same fields plus :class:`Known`, the identities (change, URI, change time,
+as 64-bit digests) of the entries consumed, and an entry is new exactly when
+its identity is not known, whatever its time or place.  That holds when the
+open list grows by appends (in any order), when the Source rewrites or
+regroups it, and when it replaces it with another list.  The memory is the
+last :data:`MAX_KNOWN` identities consumed (a full Sitemap's worth, about
+0.5 MB in the checkpoint); a Source that lists an entry again after that many
+others were consumed gets it published again (never lost).  In-order reading
+(the default) keeps no such memory and writes exactly the checkpoint it
+always wrote: an in-order list costs nothing more, and old checkpoints load.
+Switching a collection to unordered reading seeds the memory from the list
+being read (:func:`adopt_unordered`), switching back drops it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from . import w3cdt
-from .model import Entry
+from .model import Entry, sort_chronologically
 
 _MIN = datetime(1, 1, 1, tzinfo=UTC)
 MAX_BOUNDARY = 10_000  # identities kept for one shared datetime (a bulk import)
+MAX_KNOWN = 50_000  # identities an unordered checkpoint remembers: one full Sitemap
+DIGEST_BYTES = 8
 
 
 def entry_key(entry: Entry) -> str:
     """The identity of a change inside one datetime: change type and URI."""
     return f"{entry.change.value if entry.change else '?'} {entry.loc}"
+
+
+def entry_digest(entry: Entry) -> bytes:
+    """The identity of a change (type, URI, change time) in :data:`DIGEST_BYTES` bytes.
+
+    64 bits: among the 50,000 identities an unordered checkpoint holds, the
+    chance that a new entry collides with one of them is about 3e-15.
+    """
+    when = entry.change_time
+    text = f"{entry_key(entry)}\n{w3cdt.format(when) if when is not None else ''}"
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=DIGEST_BYTES).digest()
+
+
+class _Store:
+    """Append-only digests shared by the successive :class:`Known` of one detection pass."""
+
+    __slots__ = ("first", "index", "order")
+
+    def __init__(self, digests: Iterable[bytes] = ()) -> None:
+        self.order: list[bytes] = []
+        self.index: dict[bytes, int] = {}  # digest -> absolute position
+        self.first = 0  # absolute position of order[0]
+        for digest in digests:
+            if digest not in self.index:
+                self.index[digest] = len(self.order)
+                self.order.append(digest)
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.order)
+
+
+class Known:
+    """The identities an unordered checkpoint has consumed: the last :data:`MAX_KNOWN`.
+
+    Immutable to its users, cheap to extend: every checkpoint of a detection
+    pass shares one append-only store and sees only the part of it written
+    before it was made (``end``), so :func:`detect` produces a checkpoint per
+    entry in O(1) each instead of copying a 50,000-digest set every time.
+    """
+
+    __slots__ = ("_end", "_store")
+
+    def __init__(self, store: _Store, end: int) -> None:
+        self._store = store
+        self._end = end
+
+    @classmethod
+    def of(cls, digests: Iterable[bytes] = ()) -> Known:
+        store = _Store(digests)
+        return cls(store, store.end)
+
+    def _start(self) -> int:
+        return max(self._end - MAX_KNOWN, self._store.first)
+
+    def __contains__(self, digest: object) -> bool:
+        position = self._store.index.get(digest)  # type: ignore[arg-type]
+        return position is not None and self._start() <= position < self._end
+
+    def __len__(self) -> int:
+        return self._end - self._start()
+
+    def __iter__(self) -> Iterator[bytes]:
+        store = self._store
+        return iter(store.order[self._start() - store.first : self._end - store.first])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Known):
+            return NotImplemented
+        if self._store is other._store and self._end == other._end:
+            return True
+        return list(self) == list(other)
+
+    def __hash__(self) -> int:
+        return hash((len(self), next(iter(self), b"")))
+
+    def __repr__(self) -> str:
+        return f"Known({len(self)} identities)"
+
+    def add(self, digest: bytes) -> Known:
+        """These identities and ``digest`` (the oldest dropped past :data:`MAX_KNOWN`)."""
+        if digest in self:
+            return self
+        store = self._store
+        if (
+            self._end != store.end  # an older checkpoint branches off: copy its window
+            or digest in store.index  # known once, but fell out of the window
+            or len(store.order) >= 2 * MAX_KNOWN  # compact what no window sees any more
+        ):
+            store = _Store(self)
+        store.index[digest] = store.end
+        store.order.append(digest)
+        return Known(store, store.end)
+
+    def to_text(self) -> str:
+        """Base64 of the digests in the order they were consumed (the oldest first)."""
+        return base64.b64encode(b"".join(self)).decode("ascii")
+
+    @classmethod
+    def from_text(cls, text: str) -> Known:
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (ValueError, binascii.Error):
+            raise ValueError("unreadable 'known' in a checkpoint") from None
+        if len(raw) % DIGEST_BYTES:
+            raise ValueError("unreadable 'known' in a checkpoint")
+        return cls.of(raw[i : i + DIGEST_BYTES] for i in range(0, len(raw), DIGEST_BYTES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +173,9 @@ class Checkpoint:
     ``last_time``/``boundary`` locate the last logged entry, ``position``
     counts entries consumed from ``changelist`` (diagnostic only), and
     ``etag``/``last_modified`` allow conditional GETs of that list.
+    ``known`` is None for in-order reading; for unordered reading it holds the
+    identities consumed, and ``last_time``/``boundary`` then locate the
+    *latest* change time logged (used to choose the lists to read).
     """
 
     changelist: str | None = None
@@ -50,22 +185,26 @@ class Checkpoint:
     etag: str | None = None
     last_modified: str | None = None
     started: bool = False  # False: first run, nothing decided yet
+    known: Known | None = None  # unordered reading: the identities consumed
+
+    @property
+    def unordered(self) -> bool:
+        return self.known is not None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "v": 1,
-                "changelist": self.changelist,
-                "last_time": w3cdt.format(self.last_time) if self.last_time else None,
-                "boundary": list(self.boundary),
-                "position": self.position,
-                "etag": self.etag,
-                "last_modified": self.last_modified,
-                "started": self.started,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        obj = {
+            "v": 1,
+            "changelist": self.changelist,
+            "last_time": w3cdt.format(self.last_time) if self.last_time else None,
+            "boundary": list(self.boundary),
+            "position": self.position,
+            "etag": self.etag,
+            "last_modified": self.last_modified,
+            "started": self.started,
+        }
+        if self.known is not None:  # absent for in-order reading: the format of old
+            obj["known"] = self.known.to_text()
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | None) -> Checkpoint:
@@ -80,10 +219,17 @@ class Checkpoint:
             etag=obj.get("etag"),
             last_modified=obj.get("last_modified"),
             started=bool(obj.get("started", True)),
+            known=Known.from_text(obj["known"]) if obj.get("known") is not None else None,
         )
 
+    def ordered(self) -> Checkpoint:
+        """The in-order checkpoint at the same place (the memory of identities dropped)."""
+        return replace(self, known=None) if self.known is not None else self
+
     def is_new(self, entry: Entry) -> bool:
-        """True if ``entry`` comes after this checkpoint."""
+        """True if ``entry`` comes after this checkpoint (unordered: was never consumed)."""
+        if self.known is not None:
+            return entry_digest(entry) not in self.known
         when = entry.change_time
         if self.last_time is None:
             return True
@@ -95,6 +241,8 @@ class Checkpoint:
 
     def advance(self, entry: Entry, changelist: str) -> Checkpoint:
         """The checkpoint after logging ``entry`` from ``changelist``."""
+        if self.known is not None:
+            return self._advance_unordered(entry, changelist)
         when = entry.change_time
         position = self.position + 1 if changelist == self.changelist else 1
         if when is not None and when == self.last_time:
@@ -111,8 +259,47 @@ class Checkpoint:
             started=True,
         )
 
+    def _advance_unordered(self, entry: Entry, changelist: str) -> Checkpoint:
+        """Remember ``entry``; the time key follows the latest change time, never goes back."""
+        assert self.known is not None
+        when = entry.change_time
+        last, boundary = self.last_time, self.boundary
+        if when is not None and (last is None or when > last):
+            last, boundary = when, (entry_key(entry),)
+        elif when is not None and when == last:
+            boundary = (*boundary, entry_key(entry))[-MAX_BOUNDARY:]
+        same = changelist == self.changelist
+        return Checkpoint(
+            changelist=changelist,
+            last_time=last,
+            boundary=boundary,
+            position=self.position + 1 if same else 1,
+            etag=self.etag if same else None,
+            last_modified=self.last_modified if same else None,
+            started=True,
+            known=self.known.add(entry_digest(entry)),
+        )
+
     def with_validators(self, etag: str | None, last_modified: str | None) -> Checkpoint:
         return replace(self, etag=etag, last_modified=last_modified)
+
+
+def adopt_unordered(checkpoint: Checkpoint, entries: Iterable[Entry]) -> Checkpoint:
+    """An in-order checkpoint turned unordered, without publishing anything twice.
+
+    ``entries`` is the list about to be read: those the in-order checkpoint
+    has consumed (older than its time, or in its boundary) become known, so
+    the unordered reading that follows publishes exactly what the in-order
+    reading would have, plus the out-of-order entries it would have dropped.
+    """
+    if checkpoint.known is not None:
+        return checkpoint
+    if not checkpoint.started or checkpoint.last_time is None:
+        return replace(checkpoint, known=Known.of())
+    return replace(
+        checkpoint,
+        known=Known.of(entry_digest(e) for e in entries if not checkpoint.is_new(e)),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +373,49 @@ def detect(
     return found
 
 
-def starting_point(entries: Iterable[Entry], changelist: str) -> Checkpoint:
+def starting_point(
+    entries: Iterable[Entry], changelist: str, *, unordered: bool = False
+) -> Checkpoint:
     """A first-run checkpoint at the end of ``changelist`` (publish only what comes next)."""
-    checkpoint = Checkpoint(changelist=changelist, started=True)
+    checkpoint = Checkpoint(
+        changelist=changelist, started=True, known=Known.of() if unordered else None
+    )
     for entry in entries:
         checkpoint = checkpoint.advance(entry, changelist)
     return checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Chronological:
+    """A closed Change List's entries in forward chronological order, and how far off it was."""
+
+    entries: list[Entry]
+    moved: int  # entries that were not where forward chronological order puts them
+    first: Entry | None  # the first entry out of place in document order (for the warning)
+
+
+def chronological(entries: Iterable[Entry]) -> Chronological:
+    """Order a *closed* Change List by change time, stably (for the Destination).
+
+    Section 12.1 requires forward chronological order; resync-build groups by
+    change type.  A closed list will not change again, so a Destination can
+    sort it and apply it as if the Source had written it in order: entries
+    sharing a change time keep their document order (a resource's create
+    stays before its update).  ``first`` names the first entry found earlier
+    than one before it, for a single warning per list.  (An *open* list
+    grows: sorting one read of it cannot place what is appended later; read it
+    in document order with an unordered :class:`Checkpoint` instead.)
+    """
+    listed = list(entries)
+    ordered = sort_chronologically(listed)
+    moved = sum(1 for a, b in zip(listed, ordered, strict=True) if a is not b)
+    first = None
+    latest = None
+    for entry in listed:
+        when = entry.change_time
+        if when is not None and latest is not None and when < latest:
+            first = entry
+            break
+        if when is not None:
+            latest = when
+    return Chronological(ordered, moved, first)

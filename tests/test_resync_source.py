@@ -31,9 +31,6 @@ resync-build to publish a usable Change List.
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -42,120 +39,11 @@ from pathlib import Path
 from rsnotify import sitemap, w3cdt
 from rsnotify.devstack import ManagedProcess
 from rsnotify.model import ChangeType
-from rsnotify.subscriber.mirror import TEMP_PREFIX, path_for
+from rsnotify.subscriber.mirror import path_for
 
-RESYNC_BUILD = str(Path(sys.executable).with_name("resync-build"))
+from .resync_source import ResyncSource, differences, served_source
+
 RunProcess = Callable[..., ManagedProcess]
-
-
-class ResyncSource:
-    """A directory served by http.server whose documents resync-build writes."""
-
-    def __init__(self, root: Path, base: str) -> None:
-        self.root = root
-        self.base = base
-        self.files = root / "res"
-        self.files.mkdir(parents=True, exist_ok=True)
-        (root / ".well-known").mkdir(exist_ok=True)
-
-    def url(self, name: str) -> str:
-        return f"{self.base}{name}"
-
-    def build(self, *args: str) -> None:
-        done = subprocess.run(
-            [RESYNC_BUILD, *args],
-            cwd=self.root,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, f"resync-build {args}: {done.stdout}{done.stderr}"
-
-    def mapping(self) -> str:
-        return f"{self.url('res/')}={self.files}"
-
-    def write_resourcelist(self) -> None:
-        self.build(
-            "--write-resourcelist",
-            "--hash", "md5", "--hash", "sha-256",
-            "--capabilitylist-link", self.url("capabilitylist.xml"),
-            "--outfile", str(self.root / "resourcelist.xml"),
-            self.mapping(),
-        )  # fmt: skip
-
-    def write_changelist(self) -> None:
-        """The changes since the current Resource List (resync-build compares the two)."""
-        self.build(
-            "--write-changelist",
-            "--reference", str(self.root / "resourcelist.xml"),
-            "--hash", "md5", "--hash", "sha-256",
-            "--capabilitylist-link", self.url("capabilitylist.xml"),
-            "--outfile", str(self.root / "changelist.xml"),
-            self.mapping(),
-        )  # fmt: skip
-
-    def publish_initial(self) -> None:
-        self.write_resourcelist()
-        self.build(
-            "--write-changelist", "--empty",
-            "--capabilitylist-link", self.url("capabilitylist.xml"),
-            "--outfile", str(self.root / "changelist.xml"),
-        )  # fmt: skip
-        self.build(
-            "--write-capabilitylist",
-            f"resourcelist={self.url('resourcelist.xml')},"
-            f"changelist={self.url('changelist.xml')}",
-            "--sourcedescription-link", self.url(".well-known/resourcesync"),
-            "--outfile", str(self.root / "capabilitylist.xml"),
-        )  # fmt: skip
-        self.build(
-            "--write-sourcedescription", self.url("capabilitylist.xml"),
-            "--outfile", str(self.root / ".well-known" / "resourcesync"),
-        )  # fmt: skip
-
-    def write(self, name: str, data: bytes, mtime: float) -> None:
-        path = self.files / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        os.utime(path, (mtime, mtime))
-
-    def served(self) -> dict[str, str]:
-        """loc -> SHA-256 of every served resource file."""
-        return {
-            self.url("res/" + p.relative_to(self.files).as_posix()): hashlib.sha256(
-                p.read_bytes()
-            ).hexdigest()
-            for p in self.files.rglob("*")
-            if p.is_file()
-        }
-
-
-def served_source(
-    tmp_path: Path, process_factory: Callable[..., ManagedProcess]
-) -> tuple[ResyncSource, ManagedProcess]:
-    """An empty ResyncSource directory and the ``python -m http.server`` serving it."""
-    www = tmp_path / "www"
-    www.mkdir()
-    server = process_factory(
-        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "-d", str(www), "0"],
-        name="http.server",
-    )
-    port = server.wait_for_line(r"Serving HTTP on \S+ port (\d+)", timeout=30).group(1)
-    return ResyncSource(www, f"http://127.0.0.1:{port}/"), server
-
-
-def differences(source: ResyncSource, mirror: Path) -> list[str]:
-    expected = {path_for(loc, mirror): sha for loc, sha in source.served().items()}
-    found = {p for p in mirror.rglob("*") if p.is_file() and not p.name.startswith(TEMP_PREFIX)}
-    out = [f"missing {p}" for p in expected.keys() - found]
-    out += [f"extra {p}" for p in found - expected.keys()]
-    out += [
-        f"differs {p}"
-        for p in found & expected.keys()
-        if hashlib.sha256(p.read_bytes()).hexdigest() != expected[p]
-    ]
-    return sorted(out)
 
 
 def subscribe_once(run: RunProcess, source: ResyncSource, mirror: Path) -> str:

@@ -8,6 +8,7 @@ import os
 import re
 
 from .. import httpoptions
+from ..config import add_lenient_option, lenient_rules
 from ..log import Retention
 from ..logs import setup as setup_logging
 from ..report import url_argument
@@ -80,6 +81,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="URL|ID",
         help="publish only these Capability Lists (repeatable)",
     )
+    add_lenient_option(watch)  # --lenient order: Change Lists out of order (resync-build's)
     push = parser.add_argument_group("push transports")
     push.add_argument("--mqtt", metavar="URL", help="mqtt://[user:pass@]host:port or mqtts://...")
     push.add_argument("--mqtt-ca", metavar="FILE", help="CA certificate for mqtts://")
@@ -223,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         mqtt_hub=args.mqtt_hub,
         poll=args.poll,
         watch=args.watch,
+        lenient=lenient_rules(args),
         topic_prefix=args.topic_prefix,
         heartbeat=args.heartbeat,
         retention=args.retain,

@@ -28,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .. import discovery, w3cdt
+from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
 from ..collection import collection_id
 from ..envelope import Notification, to_json
@@ -71,6 +71,7 @@ class PublisherConfig:
     mqtt_hub: str | None = None  # advertise this broker, pushed to by an --mqtt-only gateway
     poll: float = 1.0
     watch: bool = False
+    lenient: frozenset[sitemap.Lenient] = frozenset()  # rules relaxed reading the Source
     topic_prefix: str = "resourcesync"
     heartbeat: float = 5.0
     retention: Retention = field(default_factory=Retention)
@@ -198,6 +199,7 @@ class Publisher:
                 changelist_url=changelist,
                 checkpoint=checkpoint,
                 from_beginning=self.config.from_beginning,
+                limits=sitemap.Limits(lenient=self.config.lenient),
             )
             self.collections[cid] = _Collection(cid, cap.url, watcher, head=head)
             self.metrics.head.labels(cid).set(head)

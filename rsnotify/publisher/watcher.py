@@ -7,13 +7,21 @@ idle Source answers ``304`` twice per poll and a growing list costs the bytes
 that were appended.  The watcher never commits anything itself: it returns
 what it found with the checkpoint after each entry, and the service logs the
 entries and the checkpoint together, then calls :meth:`commit`.
+
+With the ``order`` rule relaxed (``--lenient order``: a Source whose Change
+Lists are not in forward chronological order, like resync-build's), lists are
+read in document order and the checkpoint is unordered (it remembers the
+identities it consumed, :mod:`rsnotify.tracker`): every entry is published
+once, in the order the Source lists it, however the list grows, is regrouped
+or replaced.  Each list read out of order is reported once, as a warning.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import sitemap
 from ..errors import DocumentError, InvalidDocument
@@ -22,6 +30,7 @@ from ..tracker import (
     Checkpoint,
     Detection,
     ListRef,
+    adopt_unordered,
     detect,
     index_refs,
     lists_to_read,
@@ -31,6 +40,7 @@ from .access import DocumentAccess, Fetched
 from .incremental import TailState, fragment, scan
 
 log = logging.getLogger("rsnotify.publish")
+_LINE = re.compile(r"^line \d+: ")
 
 
 @dataclass(slots=True)
@@ -62,6 +72,7 @@ class _Pass:
     prefetched: dict[str, Fetched]
     changelist: str | None = None  # the list being read, with the rest of its entries
     entries: Iterator[Entry] | None = None
+    adopt: bool = False  # an in-order checkpoint to turn unordered on the first list read
 
 
 class CollectionWatcher:
@@ -84,7 +95,13 @@ class CollectionWatcher:
         self.changelist_url = changelist_url
         self.checkpoint = checkpoint
         self.from_beginning = from_beginning
+        #: Lists out of order are read as they are, with an unordered checkpoint.
+        self.unordered = sitemap.Lenient.ORDER in limits.lenient
+        if self.unordered and limits.max_entries is None:
+            # The checkpoint remembers tracker.MAX_KNOWN identities: a list must fit.
+            limits = replace(limits, max_entries=sitemap.MAX_ENTRIES_PER_DOCUMENT)
         self.limits = limits
+        self._warned: set[tuple[str, str]] = set()  # (list, kind of warning) reported
         self._single_list: bool | None = None  # unknown until the first read
         self._index_state = _ListState()
         self._refs: list[ListRef] = []
@@ -108,8 +125,15 @@ class CollectionWatcher:
 
     # -- reading -----------------------------------------------------------------
 
-    def _entries(self, body: bytes) -> Iterator[Entry]:
-        return sitemap.iter_entries(body, limits=self.limits)
+    def _entries(self, body: bytes, url: str) -> Iterator[Entry]:
+        reader = sitemap.DocumentReader(body, limits=self.limits)
+        yield from reader
+        for warning in reader.warnings:
+            # Each kind once per list at warning level: an open list is read on every change.
+            kind = (url, _LINE.sub("", warning).split(":")[0])
+            level = logging.DEBUG if kind in self._warned else logging.WARNING
+            self._warned.add(kind)
+            log.log(level, "%s: %s: %s", self.collection, url, warning)
 
     async def _read_list(
         self, url: str, result: PollResult, prefetched: Fetched | None
@@ -133,7 +157,7 @@ class CollectionWatcher:
             piece = fragment(state.tail, fetched.body, fetched.range_start)
             if piece is not None:
                 document, tail = piece
-                entries = list(self._entries(document))  # small; parse before moving on
+                entries = list(self._entries(document, url))  # small; parse before moving on
                 state.tail = tail
                 return iter(entries)
             log.info("%s: %s changed before the known end; reading it whole", self.collection, url)
@@ -142,7 +166,7 @@ class CollectionWatcher:
             state.etag, state.last_modified = fetched.etag, fetched.last_modified
         result.full_reads += 1
         state.tail = scan(fetched.body)
-        return self._entries(fetched.body)
+        return self._entries(fetched.body, url)
 
     async def _refresh_index(self) -> dict[str, Fetched]:
         """Update the list of Change Lists; returns bodies already read (single-list case)."""
@@ -169,6 +193,20 @@ class CollectionWatcher:
         self._refs = index_refs(reader)
         return {}
 
+    def _in_mode(self, checkpoint: Checkpoint) -> tuple[Checkpoint, bool]:
+        """The checkpoint in this watcher's reading mode, and whether it must adopt a list.
+
+        An in-order checkpoint read unordered cannot know which older entries
+        it consumed until it sees the list: :func:`adopt_unordered` then.
+        """
+        if not self.unordered:
+            return checkpoint.ordered(), False
+        if checkpoint.unordered:
+            return checkpoint, False
+        if not checkpoint.started or checkpoint.last_time is None:
+            return adopt_unordered(checkpoint, ()), False
+        return checkpoint, True
+
     async def poll(self, limit: int | None = None) -> PollResult:
         """One detection pass.  Raises FetchError / DocumentError for the caller's backoff.
 
@@ -188,9 +226,12 @@ class CollectionWatcher:
                 # First run: start at the current end; Destinations baseline from the Resource List.
                 newest = self._refs[-1]
                 entries = await self._read_list(newest.url, result, prefetched.get(newest.url))
-                result.checkpoint = starting_point(entries or (), newest.url)
+                result.checkpoint = starting_point(
+                    entries or (), newest.url, unordered=self.unordered
+                )
                 return result
-            work = _Pass(lists_to_read(self._refs, self.checkpoint), self.checkpoint, prefetched)
+            current, adopt = self._in_mode(self.checkpoint)
+            work = _Pass(lists_to_read(self._refs, current), current, prefetched, adopt=adopt)
         self._pass = None  # set again only if this pass stops at its limit
         budget = limit
         while True:
@@ -205,6 +246,10 @@ class CollectionWatcher:
                     raise
                 if entries is None:
                     continue
+                if work.adopt:  # seed the memory from the first list actually read
+                    listed = list(entries)
+                    work.current = adopt_unordered(work.current, listed)
+                    work.adopt, entries = False, iter(listed)
                 work.changelist, work.entries = ref.url, entries
             assert work.changelist is not None
             try:

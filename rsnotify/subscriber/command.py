@@ -7,6 +7,7 @@ import asyncio
 import os
 
 from .. import httpoptions
+from ..config import add_lenient_option
 from ..logs import setup as setup_logging
 from ..report import url_argument
 from . import service
@@ -36,6 +37,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "source", metavar="SOURCE", help="the Source's base URL or a Capability List URL"
     )
     parser.add_argument("--into", required=True, metavar="DIR", help="the mirror directory")
+    # The Destination reads Change Lists out of order by default (issue 17): SubscriberConfig
+    # takes config.lenient_rules(args) into the sitemap.Limits its engine reads with.
+    add_lenient_option(parser, default="order")
     parser.add_argument(
         "--state",
         metavar="DIR",

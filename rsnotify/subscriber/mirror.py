@@ -101,6 +101,7 @@ from urllib.parse import quote, unquote_to_bytes, urlsplit
 import yarl
 
 from ..errors import RsNotifyError
+from ..model import DIGEST_SIZES, normalize_digest
 from ..spare import SparePool, SpareUnusable, fill
 
 __all__ = [
@@ -472,6 +473,51 @@ def _known_algorithms(
     return known
 
 
+_MAX_REPORTED = 4096  # unverifiable digests remembered, so each is reported once
+
+
+def _checkable(
+    expected_hashes: Mapping[str, str] | None,
+    path: Path | str,
+    reported: dict[tuple[str, str, str], None],
+) -> dict[str, str]:
+    """The advertised digests that can be verified, as lowercase hex by algorithm.
+
+    Hex and base64 digests both verify (:func:`rsnotify.model.normalize_digest`).
+    A digest of a known algorithm in neither form can never match any body:
+    comparing it anyway failed every fetch and retried forever.  It is left
+    out of the check and reported once per resource and digest, as an error
+    naming the rule (section 7: "a hex-encoded digest"); the other digests and
+    the length are still verified.  Unknown algorithms pass through, for
+    :func:`_known_algorithms` to log and skip.
+    """
+    out: dict[str, str] = {}
+    for algo, digest in (expected_hashes or {}).items():
+        algo = algo.lower()
+        if algo not in DIGEST_SIZES:
+            out[algo] = digest
+            continue
+        normal = normalize_digest(algo, digest)
+        if normal is not None:
+            out[algo] = normal
+            continue
+        key = (str(path), algo, digest)
+        if key not in reported:
+            if len(reported) >= _MAX_REPORTED:
+                reported.pop(next(iter(reported)))
+            reported[key] = None
+            log.error(
+                "%s: advertised %s digest %r is neither hex nor base64 of a %d-byte digest "
+                "(Z39.99 section 7: hash values are hex-encoded); not verified by it",
+                path,
+                algo,
+                digest[:200],
+                DIGEST_SIZES[algo],
+                extra={"path": str(path), "outcome": "unverifiable_digest"},
+            )
+    return out
+
+
 def _fsync_pool() -> ThreadPoolExecutor:
     """Threads for fsync, rename and unlink: their own pool, sized for waiting on disks.
 
@@ -586,6 +632,7 @@ class Mirror:
         self._writes: list[_Write] = []  # write_bytes/delete calls waiting for a batch
         self._batches = 0  # batches in flight
         self._busy: set[tuple[str, ...]] = set()  # paths in a batch in flight
+        self._unverifiable: dict[tuple[str, str, str], None] = {}  # reported once each
 
     def _track(self, job: asyncio.Future[T]) -> asyncio.Future[T]:
         self._inflight.add(job)  # type: ignore[arg-type]
@@ -703,7 +750,7 @@ class Mirror:
         every verified one.
         """
         names = self._relative(path)
-        expected = {k.lower(): v.lower() for k, v in (expected_hashes or {}).items()}
+        expected = _checkable(expected_hashes, path, self._unverifiable)
         hashers = {
             algo: hashlib.new(HASHLIB_NAMES[algo])
             for algo in _known_algorithms(algorithms, expected, path)
@@ -776,7 +823,7 @@ class Mirror:
         :meth:`settle` waits for it.
         """
         names = self._relative(path)
-        expected = {k.lower(): v.lower() for k, v in (expected_hashes or {}).items()}
+        expected = _checkable(expected_hashes, path, self._unverifiable)
         algos = _known_algorithms(algorithms, expected, path)
         try:
             written: Written = await self._queue(
