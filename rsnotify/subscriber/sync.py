@@ -357,9 +357,9 @@ class CollectionSync:
         applied = await self._walk_change_lists(wait=wait)
         self._replay_refused = False
         last_seq: int | None = None
-        for n in sorted(self._buffer, key=lambda n: n.seq):
+        for n in sorted(self._buffer, key=lambda n: (n.seq or 0, n.datetime)):
             self._submit(n, _entry_of(n), n.changelist, n.seq, n)
-            last_seq = n.seq
+            last_seq = n.seq if n.seq is not None else last_seq
         self._buffer.clear()
         if wait:
             await self.drain()
@@ -403,18 +403,45 @@ class CollectionSync:
             self.stats.duplicates += 1  # from a connection a replay replaced
             return None
         try:
-            n = self._decode(message)
+            batch = self._decode_batch(message)
         except InvalidNotification as exc:
             return self.detector.on_invalid(str(exc))
-        verdict, gap = self.detector.on_notification(n.seq, message.prev)
-        if verdict is Verdict.DUPLICATE:
-            self.stats.duplicates += 1
-            return None
-        if verdict is Verdict.GAP:
-            self._buffer.append(n)
-            return gap
-        self._submit(n, _entry_of(n), n.changelist, n.seq, n)
-        return None
+        if not batch.sequenced:
+            return self._on_interval(batch)
+        found: Gap | None = None
+        for n in batch.changes:
+            assert n.seq is not None
+            if found is not None:  # after a gap the rest waits for the catch-up
+                self._buffer.append(n)
+                continue
+            verdict, gap = self.detector.on_notification(n.seq, message.prev)
+            if verdict is Verdict.DUPLICATE:
+                self.stats.duplicates += 1
+            elif verdict is Verdict.GAP:
+                self._buffer.append(n)
+                found = gap
+            else:
+                self._submit(n, _entry_of(n), n.changelist, n.seq, n)
+        return found
+
+    def _on_interval(self, batch: envelope.ChangeNotification) -> Gap | None:
+        """A Change Notification without sequence numbers: the interval chain decides."""
+        verdict, gap = self.detector.on_interval(batch.from_, batch.until)
+        for n in batch.changes:
+            if verdict is Verdict.GAP:
+                self._buffer.append(n)  # applied after the catch-up's walk
+            else:
+                self._submit(n, _entry_of(n), n.changelist, None, n)
+        return gap
+
+    def _decode_batch(self, message: ev.Message) -> envelope.ChangeNotification:
+        """Decode a payload of one or more changes (a standard one may name no collection)."""
+        batch = envelope.decode_batch(message.payload, collection=self.collection)
+        if self.keys is not None:
+            envelope.verify(message.payload, message.signature, self.keys)
+        for n in batch.changes:
+            n.received = message.received
+        return batch
 
     def _on_event(self, event: ev.Event, now: float) -> Gap | None:
         if isinstance(event, ev.Message):
