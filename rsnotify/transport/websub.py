@@ -65,6 +65,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from .. import envelope, outbound
 from ..cancellation import raise_if_cancelled
@@ -462,7 +463,7 @@ class WebSubHub:
             logger.info("not calling %s: %s", quote(url.split("?")[0]), why)
             return None
         try:
-            async with self._http.get(url, allow_redirects=False) as response:
+            async with self._http.get(_exact(url), allow_redirects=False) as response:
                 body = await response.content.read(1024)
                 return response.status, body
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -816,7 +817,7 @@ class WebSubHub:
             return "retry"
         try:
             async with self._http.post(
-                s.sub.callback, data=body, headers=headers, allow_redirects=False
+                _exact(s.sub.callback), data=body, headers=headers, allow_redirects=False
             ) as response:
                 await response.content.read(1024)
                 s.last_error = f"HTTP {response.status}"
@@ -824,6 +825,11 @@ class WebSubHub:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             s.last_error = f"{type(exc).__name__}: {exc}"
             return "retry"
+
+
+def _exact(url: str) -> URL:
+    """The callback URL as given, never re-encoded (WebSub 5.3: preserve the query string)."""
+    return URL(url, encoded=url.isascii())
 
 
 def describe(hub: WebSubHub) -> dict[str, Any]:
