@@ -127,6 +127,7 @@ class PlainSubscriber:
     port: int
     topic: str
     hub: str
+    capability_list: str
     secret: str = SECRET
     verifications: list[dict[str, str]] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)
@@ -168,7 +169,10 @@ class PlainSubscriber:
             return self._problem("bad or missing X-Hub-Signature")
         if request.headers.get("Content-Type") != "application/xml":
             return self._problem(f"Content-Type {request.headers.get('Content-Type')}")
-        link = f'<{self.topic}>; rel="self", <{self.hub}>; rel="hub"'
+        link = (
+            f'<{self.topic}>; rel="self", <{self.hub}>; rel="hub", '
+            f'<{self.capability_list}>; rel="resourcesync"'
+        )
         if request.headers.get("Link") != link:
             return self._problem(f"Link {request.headers.get('Link')}")
         root = etree.fromstring(body, etree.XMLParser(resolve_entities=False, no_network=True))
@@ -267,7 +271,7 @@ async def test_a_plain_subscriber_gets_every_change_once_in_a_chain_through_fail
             return False
 
     await async_wait_for(lambda: leader() and serving(), 20, message="no leader serving WebSub")
-    sub = PlainSubscriber(free_port(), topic, hub)
+    sub = PlainSubscriber(free_port(), topic, hub, capability_list)
     await sub.start()
     events: list[tuple[str, int]] = []
 

@@ -219,7 +219,7 @@ async def test_unknown_topics_are_refused_without_a_get_and_unechoed_challenges_
     callback.echo = True
     await subscribe(hub, callback)
     await append(hub, 2)
-    await async_wait_for(lambda: callback.seqs() == [4, 5], 10)
+    await async_wait_for(lambda: callback.seqs() == [4, 5], 10, message=lambda: f"{callback.seqs()} {callback.posts[-1:]}")
 
 
 async def test_unsubscribe_and_410_end_a_subscription(hub: WebSubHub, callback: Callback) -> None:
@@ -338,7 +338,8 @@ async def test_the_topic_answers_get_and_head_as_section_4_1_says(hub: WebSubHub
     for method in ("GET", "HEAD"):
         status, headers, body = await asyncio.to_thread(fetch, method)
         assert status == 200 and headers["Content-Type"] == "application/xml"
-        assert headers["Link"] == f'<{topic}>; rel="self", <{hub.url}>; rel="hub"'
+        links = f'<{topic}>; rel="self", <{hub.url}>; rel="hub"'
+        assert headers["Link"] == f'{links}, <{CAPABILITY_LIST}>; rel="resourcesync"'
         assert headers["Content-Length"] == "0" and body == b"", "no content before the first"
     await append(hub, 2)
     status, headers, body = await asyncio.to_thread(fetch, "GET")

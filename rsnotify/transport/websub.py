@@ -520,7 +520,11 @@ class WebSubHub:
         except LogUnavailable:
             raise web.HTTPServiceUnavailable(text="the log is unreachable; retry\n") from None
         headers = proto.head_headers(
-            topic=self.topic(collection), hubs=self.hubs(), head=head, earliest=earliest
+            topic=self.topic(collection),
+            hubs=self.hubs(),
+            head=head,
+            earliest=earliest,
+            resourcesync=self._collections.get(collection),
         )
         if body and self.signer is not None:  # relayed by hubs that fetch the topic
             headers[proto.PUBLISHER_SIGNATURE_HEADER] = self.signer.sign(body)
@@ -728,6 +732,20 @@ class WebSubHub:
         return self._compose(collection, batch), proto.NOTIFICATION_TYPE
 
     async def _deliver_loop(self, s: _Sub, tailer: _Tailer) -> None:
+        """Deliver to one subscription until it ends; a bug is logged, never a silent stop."""
+        while True:
+            try:
+                await self._deliver(s, tailer)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception(
+                    "delivery to %s failed unexpectedly; retrying", quote(s.sub.callback)
+                )
+                await asyncio.sleep(random.uniform(0.5, 1.0))
+
+    async def _deliver(self, s: _Sub, tailer: _Tailer) -> None:
         sub = s.sub
         while True:
             raise_if_cancelled()
@@ -774,6 +792,7 @@ class WebSubHub:
                     content_type=content_type,
                     seq=item[-1].seq,
                     prev=s.delivery.cursor,
+                    resourcesync=self._collections.get(sub.collection),
                 )
                 if self.signer is not None:  # the publisher's own key, as on MQTT/WebSocket
                     headers[proto.PUBLISHER_SIGNATURE_HEADER] = self.signer.sign(body)

@@ -307,9 +307,15 @@ def verify_signature(body: bytes, header: str | None, secret: bytes) -> bool:
     return signature_method(body, header, secret) is not None
 
 
-def link_header(topic: str, hub: str, *more_hubs: str) -> str:
+def link_header(topic: str, hub: str, *more_hubs: str, resourcesync: str | None = None) -> str:
+    """``Link`` of a topic, a Source's POST and a delivery (Change Notification 4.1, 4.3).
+
+    ``self`` and ``hub`` are mandatory; Examples 2 and 6 add the Capability
+    List as ``rel="resourcesync"``, which we do when we know it.
+    """
     hubs = "".join(f', <{h}>; rel="hub"' for h in (hub, *more_hubs))
-    return f'<{topic}>; rel="self"{hubs}'
+    tail = f', <{resourcesync}>; rel="resourcesync"' if resourcesync else ""
+    return f'<{topic}>; rel="self"{hubs}{tail}'
 
 
 def link_targets(header: str | None) -> dict[str, list[str]]:
@@ -335,9 +341,11 @@ def content_headers(
     seq: int | None = None,
     prev: int | None = None,
     kind: str | None = None,
+    resourcesync: str | None = None,
 ) -> dict[str, str]:
     """Headers of one content-distribution POST."""
-    headers = {"Content-Type": content_type, "Link": link_header(topic, hub)}
+    link = link_header(topic, hub, resourcesync=resourcesync)
+    headers = {"Content-Type": content_type, "Link": link}
     if secret is not None:
         headers[SIGNATURE_HEADER] = signature(body, secret)
     if seq is not None:
@@ -349,11 +357,13 @@ def content_headers(
     return headers
 
 
-def head_headers(*, topic: str, hubs: list[str], head: int, earliest: int) -> dict[str, str]:
+def head_headers(
+    *, topic: str, hubs: list[str], head: int, earliest: int, resourcesync: str | None = None
+) -> dict[str, str]:
     """Headers of a topic GET: discovery links and where the log stands."""
     return {
         "Content-Type": NOTIFICATION_TYPE,
-        "Link": link_header(topic, *hubs),
+        "Link": link_header(topic, *hubs, resourcesync=resourcesync),
         HEAD_HEADER: str(head),
         EARLIEST_HEADER: str(earliest),
         HEARTBEAT_HEADER: w3cdt.format(w3cdt.now()),

@@ -198,7 +198,7 @@ class HubPusher:
         while True:
             raise_if_cancelled()
             if self.mode == "post":
-                error = await self._send(topic, body, "application/xml", sign=True)
+                error = await self._send(collection, topic, body, "application/xml", sign=True)
                 if error is None:
                     backoff.reset()
                     return
@@ -206,7 +206,7 @@ class HubPusher:
                 form = aiohttp.FormData(
                     {"hub.mode": "publish", "hub.url": topic, "hub.topic": topic}
                 )
-                error = await self._send(topic, form, None, sign=False)
+                error = await self._send(collection, topic, form, None, sign=False)
                 if error is None:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(self.fetch_timeout):
@@ -220,11 +220,21 @@ class HubPusher:
             )
 
     async def _send(
-        self, topic: str, data: bytes | aiohttp.FormData, content_type: str | None, *, sign: bool
+        self,
+        collection: str,
+        topic: str,
+        data: bytes | aiohttp.FormData,
+        content_type: str | None,
+        *,
+        sign: bool,
     ) -> str | None:
         """One request to the hub; None on a 2xx, else what went wrong."""
         assert self._http is not None
-        headers = {"Link": proto.link_header(topic, self.hub_url)}
+        headers = {
+            "Link": proto.link_header(
+                topic, self.hub_url, resourcesync=self.capability_lists.get(collection)
+            )
+        }
         if content_type is not None:
             headers["Content-Type"] = content_type
         if sign and isinstance(data, bytes):
