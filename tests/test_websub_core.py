@@ -281,10 +281,32 @@ def test_the_destination_turns_posts_into_engine_events() -> None:
     )
     channel.on_content(body, {proto.SIGNATURE_HEADER: proto.signature(body, b"wrong")})
     assert isinstance(events[-1], ev.Invalid)
-    channel.on_content(body, {})
-    assert isinstance(events[-1], ev.Invalid)
+    channel.on_content(body, {})  # within the same interval: not another catch-up
+    assert [type(e) for e in events] == [ev.Message, ev.Invalid]
+    # WebSub 7.1.2: sha1, as the hub states it, is accepted (with a warning); empty is no content.
+    sha1 = "sha1=" + hmac.new(b"k", body, hashlib.sha1).hexdigest()
+    channel.on_content(body, {proto.SIGNATURE_HEADER: sha1})
+    assert isinstance(events[-1], ev.Message)
+    channel.on_content(b"", {proto.SIGNATURE_HEADER: proto.signature(b"", b"k")})
+    assert len(events) == 3
     gap = proto.gap_too_old("c1", 10, 50, 60, "http://s.test/cap.xml", None)
     channel.on_content(
         gap, {proto.SIGNATURE_HEADER: proto.signature(gap, b"k"), proto.TYPE_HEADER: "gap_too_old"}
     )
     assert events[-1] == ev.TooOld(10, 50)
+
+
+def test_a_flood_of_untrusted_posts_costs_one_catch_up_per_interval() -> None:
+    """Issue 22: 100 unsigned POSTs to a Destination's callback caused 100 catch-ups."""
+    from rsnotify.subscriber import events as ev
+    from rsnotify.subscriber.websub import INVALID_INTERVAL, Throttle
+
+    events: list[Any] = []
+    channel: Any = _channel(events)
+    for i in range(100):
+        channel.on_content(f"<forged n='{i}'/>".encode(), {})
+    assert [type(e) for e in events] == [ev.Invalid], "one catch-up, not 100"
+    assert channel.untrusted.dropped == 99
+    throttle = Throttle(INVALID_INTERVAL)
+    assert throttle.allow(0.0) and not throttle.allow(INVALID_INTERVAL - 0.1)
+    assert throttle.allow(INVALID_INTERVAL + 0.1), "the next interval gets its catch-up"
