@@ -37,6 +37,7 @@ from rsnotify.transport import websubproto as proto
 from rsnotify.transport.websub import WebSubHub
 from rsnotify.transport.websubpush import HubPusher
 from rsnotify.transport.websubstore import MemoryStore
+from tests.helpers import serve
 
 SM = "http://www.sitemaps.org/schemas/sitemap/0.9"
 RS = "http://www.openarchives.org/rs/terms/"
@@ -198,12 +199,8 @@ class Capture:
         return f"http://127.0.0.1:{self.port}/capture"
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/capture", self._post)
-        app.router.add_get("/capture", self._get)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        routes = [web.post("/capture", self._post), web.get("/capture", self._get)]
+        self.runner = await serve(self.port, routes)
 
     async def _post(self, request: web.Request) -> web.Response:
         self.posts.append((dict(request.headers), await request.read()))

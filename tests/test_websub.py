@@ -47,6 +47,7 @@ from lxml import etree
 from rsnotify import sitemap, w3cdt
 from rsnotify.devstack import ManagedProcess, Redis, async_wait_for, free_port
 from rsnotify.model import Capability, CapabilityList, ChangeListIndex, Entry
+from tests.helpers import serve
 
 RunRsnotify = Callable[..., ManagedProcess]
 SM = "{http://www.sitemaps.org/schemas/sitemap/0.9}"
@@ -139,12 +140,8 @@ class PlainSubscriber:
         return f"http://127.0.0.1:{self.port}/inbox?who=plain&x=%2F"
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=4 * 1024 * 1024)
-        app.router.add_get("/inbox", self.verify)
-        app.router.add_post("/inbox", self.receive)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        routes = [web.get("/inbox", self.verify), web.post("/inbox", self.receive)]
+        self.runner = await serve(self.port, routes)
 
     async def stop(self) -> None:
         if self.runner is not None:

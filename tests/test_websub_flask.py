@@ -32,6 +32,7 @@ from lxml import etree
 
 from rsnotify import w3cdt
 from rsnotify.devstack import ManagedProcess, Redis, async_wait_for, free_port
+from tests.helpers import serve
 from tests.test_websub import (
     RS,
     SM,
@@ -64,12 +65,8 @@ class FlaskSubscriber:
         return f"http://127.0.0.1:{self.port}/flask-cb"
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=4 * 1024 * 1024)
-        app.router.add_get("/flask-cb", self._get)
-        app.router.add_post("/flask-cb", self._post)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        routes = [web.get("/flask-cb", self._get), web.post("/flask-cb", self._post)]
+        self.runner = await serve(self.port, routes)
 
     async def stop(self) -> None:
         if self.runner is not None:

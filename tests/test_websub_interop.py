@@ -40,7 +40,7 @@ from aiohttp import web
 
 from rsnotify.demo import mirror_differences
 from rsnotify.devstack import ManagedProcess, async_wait_for, free_port
-from tests.helpers import messages
+from tests.helpers import messages, serve
 
 RunRsnotify = Callable[..., ManagedProcess]
 NS = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/"'
@@ -91,16 +91,15 @@ class SpecSource:
     async def start(self) -> None:
         for i in range(5):
             self.resources[f"r{i}"] = f"resource {i} v0\n".encode()
-        app = web.Application()
-        app.router.add_get("/.well-known/resourcesync", self.description)
-        app.router.add_get("/dataset1/capabilitylist.xml", self.capabilities)
-        app.router.add_get("/dataset1/resourcelist.xml", self.resource_list)
-        app.router.add_get("/dataset1/changelist.xml", self.change_list)
-        app.router.add_get("/dataset1/res/{name}", self.resource)
-        app.router.add_get("/dataset1/change/", self.topic_answer)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        routes = [
+            web.get("/.well-known/resourcesync", self.description),
+            web.get("/dataset1/capabilitylist.xml", self.capabilities),
+            web.get("/dataset1/resourcelist.xml", self.resource_list),
+            web.get("/dataset1/changelist.xml", self.change_list),
+            web.get("/dataset1/res/{name}", self.resource),
+            web.get("/dataset1/change/", self.topic_answer),
+        ]
+        self.runner = await serve(self.port, routes)
 
     async def stop(self) -> None:
         if self.runner is not None:
@@ -238,11 +237,7 @@ class SpecHub:
 
     async def start(self) -> None:
         self.http = aiohttp.ClientSession()
-        app = web.Application()
-        app.router.add_post("/websub/", self.endpoint)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.runner = await serve(self.port, [web.post("/websub/", self.endpoint)])
 
     async def stop(self) -> None:
         for task in self.tasks:
