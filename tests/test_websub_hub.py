@@ -503,3 +503,21 @@ async def test_feed_pages_are_bounded(hub: WebSubHub) -> None:
     assert await asyncio.to_thread(status_of, f"{feed}?page={'9' * 4400}") == 400
     assert await asyncio.to_thread(status_of, f"{feed}?page=99999999999999") == 400
     assert await asyncio.to_thread(status_of, f"{feed}?page=1") == 200
+
+
+async def test_the_atom_feed_it_advertises_is_a_topic_one_can_subscribe_to(
+    hub: WebSubHub, callback: Callback
+) -> None:
+    """Issue 16: feed.atom said rel=self with a hub that answered "unknown topic" for it."""
+    feed = hub.feed_url(COLLECTION)
+    status, _ = await request(hub, hub_mode="subscribe", hub_topic=feed, hub_callback=callback.url)
+    assert status == 202
+    await async_wait_for(lambda: hub.subscriptions(), 10)
+    await append(hub, 2)
+    await async_wait_for(lambda: callback.posts, 10)
+    headers, body = callback.posts[0]
+    assert headers["Content-Type"] == "application/atom+xml"  # WebSub 7: the topic's type
+    assert f'<{feed}>; rel="self"' in headers["Link"]
+    root = etree.fromstring(body)
+    assert root.tag == "{http://www.w3.org/2005/Atom}feed"
+    assert len(root.findall("{http://www.w3.org/2005/Atom}entry")) >= 1
