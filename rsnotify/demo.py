@@ -2,8 +2,12 @@
 
 Starts its own Redis and Mosquitto on free loopback ports (never the ones
 already running), a simulated Source with two collections changing 20 times a
-second, a publisher on MQTT and WebSocket, and two subscribers (one per
-transport) mirroring into ``.demo/mirror-*``.  Everything runs under
+second, a publisher on MQTT, WebSocket and WebSub, and two subscribers (one
+per transport) mirroring into ``.demo/mirror-*``.  The Source tells the
+publisher "I just wrote my Change List" (``simulate --ping``, a signed
+``hub.mode=publish`` to the publisher's hub), so detection over HTTP takes a
+round trip instead of waiting for the next poll; the poll (every 5 s) is
+only the fallback.  Everything runs under
 ``.demo/`` and is stopped by pid on Ctrl-C.
 
 ``DEMO_SECONDS=N`` runs for N seconds, then freezes the Source, waits for both
@@ -90,6 +94,8 @@ class Demo:
         broker.start()
         self._record("mosquitto", broker.pid)
         ws_port = free_port()
+        hub_port = free_port()
+        ping_secret = os.urandom(16).hex()
         mqtt = f"mqtt://127.0.0.1:{broker.port}"
         ws = f"ws://127.0.0.1:{ws_port}"
         sim = self._rsnotify(
@@ -103,6 +109,9 @@ class Demo:
             "--payload-bytes", "512",
             "--hub", f"{ws}/{{id}}",
             "--hub", f"{mqtt}/resourcesync/{{id}}/changes",
+            "--hub", f"http://127.0.0.1:{hub_port}/{{id}}",
+            "--ping", f"http://127.0.0.1:{hub_port}/",
+            "--ping-secret", ping_secret,
         )  # fmt: skip
         source = sim.wait_for_line(r"serving (http://\S+)", timeout=30).group(1)
         self._rsnotify(
@@ -112,7 +121,9 @@ class Demo:
             "--redis", redis.url,
             "--mqtt", mqtt,
             "--ws", f"127.0.0.1:{ws_port}",
-            "--poll", "0.2",
+            "--websub", f"127.0.0.1:{hub_port}",
+            "--secret", ping_secret,
+            "--poll", "5",
             "--metrics-port", "0",
             "--log-format", "text",
         ).wait_for_line(r"rsnotify publish: running", timeout=30)  # fmt: skip
@@ -133,7 +144,15 @@ class Demo:
             "dashboard", "dashboard", "--redis", redis.url, "--mqtt", mqtt, "--port", port
         )
         page = dashboard.wait_for_line(r"serving (http://\S+)", timeout=30).group(1)
-        return {"source": source, "mqtt": mqtt, "ws": ws, "redis": redis.url, "dashboard": page}
+        websub = f"http://127.0.0.1:{hub_port}/"
+        return {
+            "source": source,
+            "mqtt": mqtt,
+            "ws": ws,
+            "websub": websub,
+            "redis": redis.url,
+            "dashboard": page,
+        }
 
     def converge(self, source: str, timeout: float = 60.0) -> list[str]:
         """Freeze the Source and wait for both mirrors to equal it."""
@@ -181,6 +200,7 @@ rsnotify demo is running (logs and state under {root})
       ground truth      {urls["source"]}_simulator/state
   MQTT broker           {urls["mqtt"]}   topics resourcesync/<collection>/changes
   WebSocket gateway     {urls["ws"]}/<collection>
+  WebSub hub            {urls["websub"]}   (topics <hub><collection>; the Source pings it)
   Redis log             {urls["redis"]}
   Dashboard             {urls["dashboard"]}   (latency, lags, events; /metrics)
   mirrors               {root / "mirror-mqtt"}   {root / "mirror-ws"}

@@ -26,8 +26,20 @@ lines of I/O.  Loops are impossible by construction: no URL is fetched twice,
 Bodies are parsed only with :mod:`rsnotify.sitemap` (no DTDs, no entities, no
 network) and :mod:`html.parser` (no network, stops at ``<body>``).
 
-Every Capability List found is returned with its capabilities and its
-``rs:ln rel="hub"`` links, the push channels rsnotify advertises.
+Every Capability List found is returned with its capabilities and its push
+channels:
+
+* WebSub channels as Change Notification 1.0.1 section 5 (Example 7)
+  advertises them: a ``<url>`` whose ``<loc>`` is the topic, with ``rs:md
+  capability="change-notification"`` and ``rs:ln rel="hub"`` to the hub
+  (:func:`websub_channels`; the 1.0 draft's ``changelist-notification`` is
+  read too);
+* rsnotify's MQTT and WebSocket channels as document-level ``rs:ln
+  rel="urn:x-rsnotify:channel"`` links (:data:`CHANNEL_REL`): an extension
+  relation type (RFC 8288 section 2.1.2), which a Destination following
+  the standard ignores, since section 5 reserves ``rel="hub"`` for WebSub
+  hubs; the older top-level ``rel="hub"`` form with an ``mqtt(s)://`` or
+  ``ws(s)://`` URL is still read (:func:`push_channels`).
 """
 
 from __future__ import annotations
@@ -64,13 +76,19 @@ __all__ = [
     "discover",
     "links_from_headers",
     "links_from_html",
+    "push_channels",
     "read_document",
     "robots_url",
     "sitemaps_from_robots",
+    "websub_channels",
     "well_known_url",
 ]
 
 WELL_KNOWN_PATH = "/.well-known/resourcesync"
+#: rsnotify's MQTT/WebSocket channels in a Capability List (an extension relation type).
+CHANNEL_REL = "urn:x-rsnotify:channel"
+NOTIFICATION_CAPABILITIES = ("change-notification", "changelist-notification")
+PUSH_SCHEMES = ("mqtt", "mqtts", "ws", "wss")
 RESOURCESYNC_REL = "resourcesync"
 ROBOTS_MAX_BYTES = 512 * 1024  # Google's robots.txt limit is 500 KiB; anything bigger is not one
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
@@ -119,6 +137,34 @@ class CapabilityListInfo:
         return cls(
             url=url, document=document, capabilities=document.capabilities, hubs=document.hubs
         )
+
+    @property
+    def websub(self) -> list[tuple[str, str]]:
+        """(topic, hub) of each advertised WebSub channel (Change Notification section 5)."""
+        return websub_channels(self.document)
+
+    @property
+    def channels(self) -> list[str]:
+        """rsnotify's MQTT and WebSocket channel URLs."""
+        return push_channels(self.document)
+
+
+def websub_channels(document: Document) -> list[tuple[str, str]]:
+    """(topic, hub) pairs a Capability List advertises as section 5 and Example 7 show."""
+    out = []
+    for entry in document.entries:
+        if entry.capability in NOTIFICATION_CAPABILITIES:
+            hubs = [link.href for link in entry.links if link.rel == "hub"]
+            if hubs and urlsplit(hubs[0]).scheme in ("http", "https"):
+                out.append((entry.loc, hubs[0]))
+    return out
+
+
+def push_channels(document: Document) -> list[str]:
+    """rsnotify's MQTT/WebSocket channels: ``rel="urn:x-rsnotify:channel"``, then the old form."""
+    links = [ln.href for ln in document.links_with(CHANNEL_REL)]
+    links += [ln.href for ln in document.links_with("hub") if ln.href not in links]
+    return [href for href in links if urlsplit(href).scheme in PUSH_SCHEMES]
 
 
 @dataclass(slots=True)
@@ -483,7 +529,7 @@ class DiscoveryMachine:
             self._note(
                 request,
                 f"Capability List ({', '.join(info.capabilities) or 'no capabilities'}; "
-                f"{len(info.hubs)} hub link(s))",
+                f"{len(info.channels)} push channel(s), {len(info.websub)} WebSub channel(s))",
             )
             if document.up and self._advertised_source_description is None:
                 self._advertised_source_description = urljoin(final_url, document.up)

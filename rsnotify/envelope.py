@@ -6,10 +6,30 @@ sequence number, ``loc``, change time and change type.
 
 JSON (the default) is compact and canonical: keys sorted, no spaces, UTF-8.
 Readers ignore unknown keys (forward compatibility) and optional fields are
-omitted rather than null.  The XML form is a Sitemap ``<urlset>`` in the
-ResourceSync namespace as the Change Notification specification describes, the
-sequence number travelling in an rsnotify namespace (community attributes are
-allowed outside the rs namespace).
+omitted rather than null.
+
+The XML form is ResourceSync Change Notification 1.0.1 (section 3): a
+``<urlset>`` whose root ``<rs:md capability="change-notification" from=...
+until=...>`` gives the interval the notification covers, an ``<rs:ln
+rel="up">`` to the Capability List, and one ``<url>`` per change in forward
+chronological order -- several changes per notification
+(:class:`ChangeNotification`).  rsnotify's own fields travel as attributes in
+the ``urn:x-rsnotify:notification:1`` namespace (the schema allows ``##other``
+attributes): ``rsn:seq`` and ``rsn:changelist`` on each change's ``rs:md``,
+``rsn:collection`` and ``rsn:published`` on the root's.  A Destination that
+knows only the standard ignores them; a payload without them (another
+Source, another hub) decodes to changes without a sequence number.
+
+The interval
+    Each logged change remembers the change datetime of the change logged
+    before it (``since``, JSON key ``"from"``: the log is in forward
+    chronological order).  A notification of changes ``a..b`` covers
+    ``from`` = the ``since`` of ``a`` up to ``until`` = the datetime of
+    ``b``, so however a transport groups consecutive changes, the
+    notifications it sends chain exactly: each ``from`` is the previous
+    ``until`` -- across publisher restarts, leader changes and gateways,
+    since every one of them renders from the same log.  The 1.0 draft's
+    ``changelist-notification`` capability is read, never written.
 
 Signatures are HMAC-SHA256 over the exact payload bytes, like WebSub's
 ``X-Hub-Signature``, written ``<key id>:sha256=<hex>``; the key id lets a
@@ -25,7 +45,7 @@ import functools
 import hashlib
 import hmac
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -39,9 +59,17 @@ from .model import ChangeType, Entry, Link, Root, make_document
 
 VERSION = 1
 MAX_PAYLOAD_BYTES = 64 * 1024
+#: A Change Notification may hold many changes (section 3): XML payloads may be larger.
+MAX_XML_PAYLOAD_BYTES = 1024 * 1024
 MAX_URI_CHARS = 8192
 RSNOTIFY_NS = "urn:x-rsnotify:notification:1"
-NOTIFICATION_CAPABILITY = "changelist-notification"
+#: Change Notification 1.0.1 section 3: the root ``rs:md`` capability.
+NOTIFICATION_CAPABILITY = "change-notification"
+#: Framework Notification 1.0.1 section 3 (a separate channel).
+FRAMEWORK_CAPABILITY = "framework-notification"
+#: The 1.0 draft's value (1.0.1's change log: "consistently use change-notification").
+OBSOLETE_CAPABILITY = "changelist-notification"
+_RSN = f"{{{RSNOTIFY_NS}}}"
 SIGNATURE_PROPERTY = "rsnotify-signature"  # MQTT 5 user property / WebSocket field name
 
 _CHANGES = {c.value: c for c in ChangeType}
@@ -68,7 +96,7 @@ class Notification:
     """
 
     collection: str
-    seq: int
+    seq: int | None  # None: a standard payload without rsnotify's sequence number
     capabilitylist: str
     changelist: str
     loc: str
@@ -81,6 +109,9 @@ class Notification:
     lastmod: datetime | None = None
     detected: datetime | None = None
     published: datetime | None = None
+    # The change datetime of the change logged before this one (JSON "from"): where
+    # the Change Notification interval of this change starts.  None: its own datetime.
+    since: datetime | None = None
     # Not on the wire: when this Destination received it (epoch seconds), for latency.
     received: float | None = field(default=None, compare=False)
 
@@ -99,8 +130,12 @@ class Notification:
         capabilitylist: str,
         changelist: str,
         detected: datetime | None = None,
+        since: datetime | None = None,
     ) -> Notification:
-        """Build the notification for a Change List entry (which the parser validated)."""
+        """Build the notification for a Change List entry (which the parser validated).
+
+        ``since`` is the change datetime of the entry logged before this one.
+        """
         when = entry.change_time
         if when is None or entry.change is None:
             raise ValueError(f"{entry.loc}: a Change List entry needs a change and a change time")
@@ -120,7 +155,13 @@ class Notification:
             links=links,
             lastmod=lastmod,
             detected=detected,
+            since=since if since is not None and since < when else None,
         )
+
+    @property
+    def interval_start(self) -> datetime:
+        """``from`` of a notification that starts with this change."""
+        return self.since if self.since is not None else self.datetime
 
     def hashes(self) -> dict[str, str]:
         from .model import parse_hashes
@@ -171,6 +212,8 @@ def to_dict(n: Notification) -> dict[str, Any]:
         out["lastmod"] = w3cdt.format(n.lastmod)
     if n.detected is not None:
         out["detected"] = _format_detected(n.detected)
+    if n.since is not None:
+        out["from"] = w3cdt.format(n.since)
     if n.published is not None:
         out["published"] = w3cdt.format(n.published)
     return out
@@ -269,8 +312,13 @@ def _link_of(value: Any) -> dict[str, Any]:
         raise InvalidNotification(f"invalid link: {exc}") from None
 
 
-def from_dict(obj: Any) -> Notification:
-    """Validate a decoded JSON object into a Notification, or raise InvalidNotification."""
+def from_dict(obj: Any, *, standard: bool = False) -> Notification:
+    """Validate a decoded JSON object into a Notification, or raise InvalidNotification.
+
+    ``standard``: a change read from a Change Notification that need not carry
+    rsnotify's fields (``seq`` may be None, ``changelist`` empty); the caller
+    supplies the collection.
+    """
     if not isinstance(obj, dict):
         raise InvalidNotification("notification is not a JSON object")
     version = _require(obj, "v", int)
@@ -279,8 +327,8 @@ def from_dict(obj: Any) -> Notification:
     collection = _require(obj, "collection", str)
     if not is_valid_collection_id(collection):
         raise InvalidNotification(f"invalid collection id {collection[:80]!r}")
-    seq = _require(obj, "seq", int)
-    if seq < 1:
+    seq = _optional(obj, "seq", int) if standard else _require(obj, "seq", int)
+    if seq is not None and seq < 1:
         raise InvalidNotification(f"sequence number {seq} is not positive")
     change = _CHANGES.get(_require(obj, "change", str))
     if change is None:
@@ -290,14 +338,19 @@ def from_dict(obj: Any) -> Notification:
         raise InvalidNotification("negative length")
     links = [_link_of(link) for link in _optional(obj, "links", list) or []]
     _check_chars(obj.get(key) for key in _TEXT_FIELDS)
+    when = _time(obj.get("datetime"), "datetime")
+    since = _time(obj["from"], "from") if obj.get("from") is not None else None
+    if since is not None and since > when:
+        raise InvalidNotification("notification 'from' is later than its datetime")
+    changelist = obj.get("changelist") if standard else _require(obj, "changelist", str)
     return Notification(
         collection=collection,
         seq=seq,
         capabilitylist=_uri(_require(obj, "capabilitylist", str), "capabilitylist"),
-        changelist=_uri(_require(obj, "changelist", str), "changelist"),
+        changelist=_uri(changelist, "changelist") if changelist else "",
         loc=_uri(_require(obj, "loc", str), "loc"),
         change=change,
-        datetime=_time(obj.get("datetime"), "datetime"),
+        datetime=when,
         hash=_optional(obj, "hash", str),
         length=length,
         type=_optional(obj, "type", str),
@@ -307,6 +360,7 @@ def from_dict(obj: Any) -> Notification:
         published=(
             _time(obj["published"], "published") if obj.get("published") is not None else None
         ),
+        since=since if since is not None and since < when else None,
     )
 
 
@@ -321,14 +375,38 @@ def from_json(payload: bytes | str, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> No
     return from_dict(obj)
 
 
-# --- XML (ResourceSync Change Notification form) -------------------------------
+# --- XML (ResourceSync Change Notification 1.0.1) --------------------------------
 
 
-def to_xml(n: Notification) -> bytes:
-    """The notification as a Change Notification ``<urlset>``, sequence in our namespace."""
-    from . import sitemap
+@dataclass(slots=True)
+class ChangeNotification:
+    """One Change Notification payload (section 3): its interval and its changes, in order.
 
-    entry = Entry(
+    ``from_``/``until`` are mandatory in 1.0.1 (None only when read from the
+    obsolete 1.0 draft form); ``changes`` carry ``seq`` when the payload came
+    from rsnotify, None otherwise.
+    """
+
+    capabilitylist: str | None
+    from_: datetime | None
+    until: datetime | None
+    changes: list[Notification]
+    capability: str = NOTIFICATION_CAPABILITY
+    published: datetime | None = None
+
+    @property
+    def sequenced(self) -> bool:
+        """True when every change carries rsnotify's sequence number."""
+        return bool(self.changes) and all(n.seq is not None for n in self.changes)
+
+
+def _entry_of(n: Notification) -> Entry:
+    extra = {_RSN + "seq": str(n.seq)} if n.seq is not None else {}
+    if n.changelist:
+        extra[_RSN + "changelist"] = n.changelist
+    if n.detected is not None:
+        extra[_RSN + "detected"] = _format_detected(n.detected)
+    return Entry(
         loc=n.loc,
         lastmod=n.lastmod if n.lastmod is not None else n.datetime,
         change=n.change,
@@ -350,26 +428,92 @@ def to_xml(n: Notification) -> bytes:
             )
             for d in n.links
         ],
-        md_extra={f"{{{RSNOTIFY_NS}}}seq": str(n.seq)},
-    )
-    extra = {f"{{{RSNOTIFY_NS}}}collection": n.collection, f"{{{RSNOTIFY_NS}}}version": "1"}
-    extra[f"{{{RSNOTIFY_NS}}}changelist"] = n.changelist
-    if n.detected is not None:
-        extra[f"{{{RSNOTIFY_NS}}}detected"] = w3cdt.format(n.detected)
-    if n.published is not None:
-        extra[f"{{{RSNOTIFY_NS}}}published"] = w3cdt.format(n.published)
-    document = make_document(
-        Root.URLSET,
-        NOTIFICATION_CAPABILITY,
-        links=[Link(rel="up", href=n.capabilitylist)],
         md_extra=extra,
-        entries=[entry],
     )
-    return sitemap.serialize(document)
 
 
-def from_xml(payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Notification:
-    """Decode the XML form (one ``<url>``) with the same validation as JSON."""
+def url_fragment(n: Notification) -> bytes:
+    """The ``<url>`` element of one change, self-contained (its rsnotify namespace declared).
+
+    Transports that group changes render each change's element once and
+    :func:`compose` notifications from them.
+    """
+    from . import sitemap
+
+    return sitemap._entry_xml(_entry_of(n), "url").encode("utf-8")
+
+
+def compose(
+    fragments: Sequence[bytes],
+    *,
+    capabilitylist: str,
+    from_: datetime,
+    until: datetime,
+    collection: str | None = None,
+    published: datetime | None = None,
+    capability: str = NOTIFICATION_CAPABILITY,
+) -> bytes:
+    """A Change Notification document from :func:`url_fragment` elements (section 3)."""
+    from . import sitemap
+
+    extra = {_RSN + "version": str(VERSION)}
+    if collection is not None:
+        extra[_RSN + "collection"] = collection
+    if published is not None:
+        extra[_RSN + "published"] = w3cdt.format(published)
+    header = make_document(
+        Root.URLSET,
+        capability,
+        from_=from_,
+        until=until,
+        links=[Link(rel="up", href=capabilitylist)],
+        md_extra=extra,
+    )
+    head = "".join(sitemap.iter_xml(header)).encode("utf-8")
+    footer = b"</urlset>\n"
+    assert head.endswith(footer)
+    return b"".join([head[: -len(footer)], *fragments, footer])
+
+
+def to_xml_batch(changes: Sequence[Notification], *, published: datetime | None = None) -> bytes:
+    """Consecutive logged changes of one collection as one Change Notification."""
+    if not changes:
+        raise ValueError("a Change Notification holds at least one change")
+    first, last = changes[0], changes[-1]
+    return compose(
+        [url_fragment(n) for n in changes],
+        capabilitylist=first.capabilitylist,
+        from_=first.interval_start,
+        until=max(last.datetime, first.interval_start),
+        collection=first.collection,
+        published=published,
+    )
+
+
+def to_xml(n: Notification) -> bytes:
+    """One change as a Change Notification: ``from`` its ``since``, ``until`` its datetime."""
+    return to_xml_batch([n], published=n.published)
+
+
+def decode_batch(
+    payload: bytes,
+    *,
+    collection: str | None = None,
+    max_bytes: int = MAX_XML_PAYLOAD_BYTES,
+) -> ChangeNotification:
+    """Decode a Change Notification (XML, any number of changes) or a JSON envelope.
+
+    ``collection`` names the channel's collection for payloads that do not
+    say (a Source or hub that knows nothing of rsnotify); a payload that
+    names another collection is refused.
+    """
+    head = payload[:64].lstrip()
+    if not head.startswith(b"<"):
+        n = from_json(payload, max_bytes=min(max_bytes, MAX_PAYLOAD_BYTES))
+        _same_collection(n.collection, collection)
+        return ChangeNotification(
+            n.capabilitylist, n.interval_start, n.datetime, [n], published=n.published
+        )
     from . import sitemap
 
     if len(payload) > max_bytes:
@@ -378,33 +522,105 @@ def from_xml(payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Notificat
         document = sitemap.parse(payload, limits=sitemap.Limits(max_bytes=max_bytes))
     except DocumentError as exc:
         raise InvalidNotification(f"payload is not a ResourceSync document: {exc}") from None
-    if document.capability != NOTIFICATION_CAPABILITY or len(document.entries) != 1:
-        raise InvalidNotification("expected one change in a changelist-notification document")
-    entry = document.entries[0]
-    ns = f"{{{RSNOTIFY_NS}}}"
+    capability = document.capability
+    if document.root is not Root.URLSET or capability not in (
+        NOTIFICATION_CAPABILITY,
+        OBSOLETE_CAPABILITY,
+    ):
+        raise InvalidNotification(
+            f"expected a <urlset> with rs:md capability={NOTIFICATION_CAPABILITY!r} "
+            f"(Change Notification 1.0.1 section 3), got {capability[:40]!r}"
+        )
+    if capability == NOTIFICATION_CAPABILITY and (document.from_ is None or document.until is None):
+        raise InvalidNotification(
+            "a change-notification's rs:md needs from and until (Change Notification 1.0.1 "
+            "section 3: they are mandatory)"
+        )
+    if (
+        document.from_ is not None
+        and document.until is not None
+        and document.from_ > document.until
+    ):
+        raise InvalidNotification("a change-notification's from is later than its until")
+    extra = document.md_extra
+    named = extra.get(_RSN + "collection")
+    _same_collection(named, collection)
+    chosen = named or collection
+    if chosen is None:
+        raise InvalidNotification("notification has no 'collection'")
+    published = extra.get(_RSN + "published")
+    previous: datetime | None = None
+    changes = []
+    for entry in document.entries:
+        n = _from_entry(entry, document, chosen, previous)
+        if previous is not None and n.datetime < previous:
+            raise InvalidNotification(
+                f"changes not in forward chronological order at {n.loc[:200]!r} "
+                "(Change Notification 1.0.1 section 3)"
+            )
+        previous = n.datetime
+        changes.append(n)
+    stamp = _time(published, "published") if published is not None else None
+    for n in changes:
+        n.published = stamp
+    return ChangeNotification(
+        document.up, document.from_, document.until, changes, capability=capability, published=stamp
+    )
+
+
+def _same_collection(named: str | None, expected: str | None) -> None:
+    if named is not None and expected is not None and named != expected:
+        raise InvalidNotification(f"notification for {named[:80]!r} on {expected!r}'s channel")
+
+
+def _from_entry(
+    entry: Entry, document: Any, collection: str, previous: datetime | None
+) -> Notification:
+    """One ``<url>`` of a Change Notification as a Notification (the JSON rules apply)."""
+    extra = entry.md_extra
+    root = document.md_extra
+    # Section 3: rs:md datetime is optional; without it, <lastmod>; without both,
+    # the change happened within the notification's interval: date it its end.
+    when = entry.change_time or document.until
     obj: dict[str, Any] = {
         "v": 1,
-        "collection": document.md_extra.get(ns + "collection"),
-        "seq": _int_or_none(entry.md_extra.get(ns + "seq")),
+        "collection": collection,
+        "seq": _int_or_none(extra.get(_RSN + "seq")),
         "capabilitylist": document.up,
-        "changelist": document.md_extra.get(ns + "changelist"),
+        "changelist": extra.get(_RSN + "changelist") or root.get(_RSN + "changelist"),
         "loc": entry.loc,
         "change": entry.change.value if entry.change else None,
-        "datetime": w3cdt.format(entry.change_time) if entry.change_time else None,
+        "datetime": w3cdt.format(when) if when else None,
         "hash": entry.hash,
         "length": entry.length,
         "type": entry.type,
         "links": [_link_dict(link) for link in entry.links],
-        "detected": document.md_extra.get(ns + "detected"),
-        "published": document.md_extra.get(ns + "published"),
+        "detected": extra.get(_RSN + "detected") or root.get(_RSN + "detected"),
     }
     if entry.datetime is not None and entry.lastmod is not None and entry.lastmod != entry.datetime:
         obj["lastmod"] = w3cdt.format(entry.lastmod)
-    return from_dict(obj)
+    since = previous if previous is not None else document.from_
+    if since is not None and when is not None and since < when:
+        obj["from"] = w3cdt.format(since)
+    if obj["capabilitylist"] is None:
+        obj["capabilitylist"] = "urn:x-rsnotify:unknown-capability-list"
+    return from_dict(obj, standard=True)
+
+
+def from_xml(payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Notification:
+    """Decode a Change Notification of exactly one change (see :func:`decode_batch`)."""
+    batch = decode_batch(payload, max_bytes=max_bytes)
+    if len(batch.changes) != 1:
+        raise InvalidNotification(
+            f"expected one change, the notification holds {len(batch.changes)}"
+        )
+    (n,) = batch.changes
+    n.published = batch.published
+    return n
 
 
 def _int_or_none(value: str | None) -> int | None:
-    return int(value) if value is not None and value.isdigit() else None
+    return int(value) if value is not None and value.isascii() and value.isdigit() else None
 
 
 def encode(n: Notification, fmt: str = "json") -> bytes:
@@ -417,7 +633,7 @@ def encode(n: Notification, fmt: str = "json") -> bytes:
 
 
 def decode(payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Notification:
-    """Decode either form, telling them apart by the first non-blank byte."""
+    """Decode either form (one change), telling them apart by the first non-blank byte."""
     head = payload[:64].lstrip()
     if head.startswith(b"<"):
         return from_xml(payload, max_bytes=max_bytes)

@@ -48,7 +48,7 @@ def render(
     """The payload for one log record in ``fmt`` (``json`` or ``xml``), signed if asked."""
     stamp = w3cdt.format(published) if published is not None else published_now()
     if fmt == "json":
-        payload = _stamp(record.data, stamp)
+        payload = _stamp(_without_from(record.data), stamp)
     elif fmt == "xml":
         notification = envelope.from_json(record.data, max_bytes=len(record.data))
         notification.published = w3cdt.parse(stamp)
@@ -124,6 +124,21 @@ def published_now() -> str:
 
 
 _SEQ_KEY = b',"seq":'
+_FROM_KEY = b',"from":"'
+
+
+def _without_from(data: bytes) -> bytes:
+    """The logged envelope less ``"from"``: the JSON wire form stays as it was.
+
+    ``from`` (the previous change's datetime) is what the Change Notification
+    XML needs for its interval; JSON Destinations have the sequence number.
+    Its value is a W3C datetime, which holds no quote.
+    """
+    at = data.find(_FROM_KEY)
+    if at < 0:
+        return data
+    end = data.find(b'"', at + len(_FROM_KEY))
+    return data[:at] + data[end + 1 :] if end > 0 else data
 
 
 def _stamp(data: bytes, stamp: str) -> bytes:

@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from rsnotify.devstack import ManagedProcess
 from rsnotify.simulator.server import Simulator, SimulatorConfig
 from rsnotify.subscriber.resources import ApplyRecord, ResourceStore
@@ -25,6 +27,21 @@ async def running_simulator(**options: Any) -> AsyncIterator[tuple[Simulator, st
         yield sim, url
     finally:
         await sim.stop()
+
+
+async def serve(
+    port: int, routes: list[web.RouteDef], *, max_size: int = 4 * 1024 * 1024
+) -> web.AppRunner:
+    """An aiohttp app with ``routes`` on ``127.0.0.1:port`` (a test's callback, Source or hub).
+
+    The caller owns the runner: ``await runner.cleanup()`` stops it.
+    """
+    app = web.Application(client_max_size=max_size)
+    app.add_routes(routes)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
 
 
 def get_json(url: str) -> Any:

@@ -210,6 +210,7 @@ async def test_hub_links_are_written_into_a_directory_sources_capability_list(
 ) -> None:
     from rsnotify import sitemap
     from rsnotify.devstack import free_port
+    from rsnotify.discovery import push_channels
     from rsnotify.model import CapabilityList
 
     site = tmp_path / "site"
@@ -226,7 +227,9 @@ async def test_hub_links_are_written_into_a_directory_sources_capability_list(
         pub.write_hub_links()  # idempotent
         document = sitemap.parse(site / "c1" / "capabilitylist.xml")
         assert isinstance(document, CapabilityList)
-        assert [h.href for h in document.hubs] == [f"ws://127.0.0.1:{port}/{cid}"]
+        # rsnotify's own channels: an extension rel, since rel="hub" means WebSub (section 5).
+        assert push_channels(document) == [f"ws://127.0.0.1:{port}/{cid}"]
+        assert document.hubs == []
         assert document.up is not None  # the rest of the document is kept
 
 
@@ -235,6 +238,7 @@ async def test_a_publisher_whose_mqtt_push_runs_elsewhere_still_advertises_the_b
 ) -> None:
     """``--mqtt-hub``: the detecting half of a split deployment names the gateway's broker."""
     from rsnotify import sitemap
+    from rsnotify.discovery import push_channels
     from rsnotify.model import CapabilityList
 
     site = tmp_path / "site"
@@ -254,7 +258,7 @@ async def test_a_publisher_whose_mqtt_push_runs_elsewhere_still_advertises_the_b
         pub.write_hub_links()
         document = sitemap.parse(site / "c1" / "capabilitylist.xml")
         assert isinstance(document, CapabilityList)
-        assert [h.href for h in document.hubs] == [href]
+        assert push_channels(document) == [href]
 
 
 def test_mqtt_hub_with_mqtt_or_a_bad_url_is_a_clear_error(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 
 from rsnotify import sitemap, w3cdt
 from rsnotify.devstack import async_wait_for, free_port
+from rsnotify.discovery import CHANNEL_REL
 from rsnotify.model import ChangeType, Document
 from rsnotify.simulator import payload
 from rsnotify.simulator.diskwriter import MARKER
@@ -330,7 +331,7 @@ async def test_discovery_chain_and_links() -> None:
             assert capability_list.capability == "capabilitylist"
             assert capability_list.up == f"{base}.well-known/resourcesync"
             name = cap[len(base) :].split("/")[0]
-            assert [ln.href for ln in capability_list.links_with("hub")] == [
+            assert [ln.href for ln in capability_list.links_with(CHANNEL_REL)] == [
                 h.replace("{collection}", name) for h in hubs
             ]
             found = {e.capability: e.loc for e in capability_list}

@@ -42,8 +42,9 @@ def test_a_well_formed_request_parses() -> None:
 @pytest.mark.parametrize(
     ("fields", "reason"),
     [
-        ({"hub_mode": "publish"}, "fed by its publisher"),
         ({"hub_mode": "watch"}, "hub.mode"),
+        ({"hub_callback": "http://d.test/cb\nCRITICAL forged"}, "control characters"),
+        ({"hub_callback": "http://d.test:99999/cb"}, "hub.callback"),
         ({"hub_callback": "ftp://d.test/cb"}, "hub.callback"),
         ({"hub_callback": "/relative"}, "hub.callback"),
         ({"hub_callback": "http://d.test/cb#frag"}, "fragment"),
@@ -60,6 +61,26 @@ def test_malformed_requests_are_refused_with_the_reason(
     with pytest.raises(RequestError, match=reason) as refused:
         proto.parse_request(form(**fields), collection_of)
     assert refused.value.status == 400
+
+
+def test_a_publish_ping_names_what_changed() -> None:
+    """hub.mode=publish is the widespread ping: hub.url (or hub.topic) is what changed."""
+    ping = proto.parse_request({"hub.mode": "publish", "hub.url": TOPIC}, collection_of)
+    assert ping == proto.PublishRequest(TOPIC)
+    topic = proto.parse_request({"hub.mode": "publish", "hub.topic": TOPIC}, collection_of)
+    assert topic == proto.PublishRequest(TOPIC)
+    with pytest.raises(RequestError, match=r"hub\.url"):
+        proto.parse_request({"hub.mode": "publish"}, collection_of)
+
+
+def test_leases_default_to_the_recommended_bounds() -> None:
+    """Change Notification 4.2: not less than 300 s, not more than 2678400 s (a month)."""
+    policy = LeasePolicy()
+    assert policy.grant(1) == 300
+    assert policy.grant(10**9) == 2_678_400
+    assert policy.grant(None) == 10 * 24 * 3600
+    with pytest.raises(ValueError):
+        LeasePolicy(default=100)  # below the minimum
 
 
 def test_leases_are_clamped_and_defaulted() -> None:
@@ -85,6 +106,18 @@ def test_verification_and_denial_urls_keep_the_callback_query() -> None:
     assert denied["hub.mode"] == "denied" and denied["hub.reason"] == "no"
 
 
+@pytest.mark.parametrize(
+    "query", ["a=%2f&b=+x", "token=a%3Db%26c", "flag&x=", "k=v;w=z", "q=%E2%9C%93"]
+)
+def test_the_callback_query_string_is_kept_byte_for_byte(query: str) -> None:
+    """WebSub 5.3: "the hub MUST preserve the query string"; it used to be re-encoded."""
+    request = proto.parse_request(form(hub_callback=f"http://d.test/cb?{query}"), collection_of)
+    url = proto.verification_url(request, "abc", 300)
+    assert url.startswith(f"http://d.test/cb?{query}&hub.mode=subscribe&")
+    bare = proto.parse_request(form(hub_callback="http://d.test/cb"), collection_of)
+    assert proto.verification_url(bare, "abc", 300).startswith("http://d.test/cb?hub.mode=")
+
+
 def test_only_the_exact_challenge_in_a_2xx_confirms_intent() -> None:
     assert proto.challenge_answered(200, b"abc", "abc")
     assert proto.challenge_answered(204, b"abc", "abc")
@@ -104,6 +137,11 @@ def test_signatures_are_hmac_sha256_of_the_body() -> None:
     assert not proto.verify_signature(body, None, b"k")
     sha512 = "sha512=" + hmac.new(b"k", body, hashlib.sha512).hexdigest()
     assert proto.verify_signature(body, sha512, b"k")
+    # WebSub 7.1.2: check with the method the hub states, sha1 included.
+    sha1 = "sha1=" + hmac.new(b"k", body, hashlib.sha1).hexdigest()
+    assert proto.signature_method(body, sha1, b"k") == "sha1"
+    assert proto.signature_method(body, sha512, b"k") == "sha512"
+    assert proto.signature_method(body, "md5=00", b"k") is None
     headers = proto.content_headers(
         topic=TOPIC, hub=HUB, body=body, secret=None, content_type="application/xml", seq=3, prev=2
     )
@@ -243,10 +281,32 @@ def test_the_destination_turns_posts_into_engine_events() -> None:
     )
     channel.on_content(body, {proto.SIGNATURE_HEADER: proto.signature(body, b"wrong")})
     assert isinstance(events[-1], ev.Invalid)
-    channel.on_content(body, {})
-    assert isinstance(events[-1], ev.Invalid)
+    channel.on_content(body, {})  # within the same interval: not another catch-up
+    assert [type(e) for e in events] == [ev.Message, ev.Invalid]
+    # WebSub 7.1.2: sha1, as the hub states it, is accepted (with a warning); empty is no content.
+    sha1 = "sha1=" + hmac.new(b"k", body, hashlib.sha1).hexdigest()
+    channel.on_content(body, {proto.SIGNATURE_HEADER: sha1})
+    assert isinstance(events[-1], ev.Message)
+    channel.on_content(b"", {proto.SIGNATURE_HEADER: proto.signature(b"", b"k")})
+    assert len(events) == 3
     gap = proto.gap_too_old("c1", 10, 50, 60, "http://s.test/cap.xml", None)
     channel.on_content(
         gap, {proto.SIGNATURE_HEADER: proto.signature(gap, b"k"), proto.TYPE_HEADER: "gap_too_old"}
     )
     assert events[-1] == ev.TooOld(10, 50)
+
+
+def test_a_flood_of_untrusted_posts_costs_one_catch_up_per_interval() -> None:
+    """Issue 22: 100 unsigned POSTs to a Destination's callback caused 100 catch-ups."""
+    from rsnotify.subscriber import events as ev
+    from rsnotify.subscriber.websub import INVALID_INTERVAL, Throttle
+
+    events: list[Any] = []
+    channel: Any = _channel(events)
+    for i in range(100):
+        channel.on_content(f"<forged n='{i}'/>".encode(), {})
+    assert [type(e) for e in events] == [ev.Invalid], "one catch-up, not 100"
+    assert channel.untrusted.dropped == 99
+    throttle = Throttle(INVALID_INTERVAL)
+    assert throttle.allow(0.0) and not throttle.allow(INVALID_INTERVAL - 0.1)
+    assert throttle.allow(INVALID_INTERVAL + 0.1), "the next interval gets its catch-up"

@@ -35,7 +35,7 @@ from aiohttp import web
 
 from rsnotify.demo import mirror_differences
 from rsnotify.devstack import ManagedProcess, async_wait_for, free_port, wait_for
-from rsnotify.envelope import Notification, to_json
+from rsnotify.envelope import Notification, decode_batch, to_json
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.model import ChangeType
 from rsnotify.transport.websub import WebSubHub
@@ -46,6 +46,7 @@ RunRsnotify = Callable[..., ManagedProcess]
 CHANGES = 3_000
 RATE = 200
 RETAIN = 300
+LOOPBACK = ["127.0.0.0/8"]  # the tests' callbacks: allowed explicitly (issue 22.2)
 
 
 def get_json(url: str) -> Any:
@@ -171,6 +172,7 @@ def test_websub_subscriber_converges_under_faults(
         source,
         "--state-dir", str(tmp_path / "publisher"),
         "--websub", f"127.0.0.1:{hub_port}",
+        "--websub-allow-callback", "127.0.0.0/8",
         "--websub-retry-max", "1",
         "--retain", str(RETAIN),
         "--poll", "0.1",
@@ -308,7 +310,8 @@ class Callback:
         return web.Response(text=request.query["hub.challenge"])
 
     async def _post(self, request: web.Request) -> web.Response:
-        self.seqs.append(int(request.headers["X-RsNotify-Seq"]))
+        batch = decode_batch(await request.read())  # one or more changes per POST
+        self.seqs += [n.seq for n in batch.changes if n.seq is not None]
         return web.Response(status=204)
 
 
@@ -356,7 +359,12 @@ async def test_short_leases_expire_and_renewals_keep_the_cursor(tmp_path: Path) 
         head = await log.append(collection, payloads, expected_head=head, checkpoint="{}")
 
     store_path = tmp_path / "websub.sqlite3"
-    hub = WebSubHub(log, SQLiteStore(store_path), lease=LeasePolicy(default=2, minimum=1))
+    hub = WebSubHub(
+        log,
+        SQLiteStore(store_path),
+        lease=LeasePolicy(default=2, minimum=1),
+        allow_callbacks=LOOPBACK,
+    )
     await hub.start()
     renewing, expiring = Callback(), Callback()
     await renewing.start()
@@ -386,7 +394,12 @@ async def test_short_leases_expire_and_renewals_keep_the_cursor(tmp_path: Path) 
         await reopened.close()
         assert [(s.callback, s.cursor) for s in stored] == [(renewing.url, 8)]
         # Left alone, the renewed one expires as well.
-        hub = WebSubHub(log, SQLiteStore(store_path), lease=LeasePolicy(default=2, minimum=1))
+        hub = WebSubHub(
+            log,
+            SQLiteStore(store_path),
+            lease=LeasePolicy(default=2, minimum=1),
+            allow_callbacks=LOOPBACK,
+        )
         await hub.start()
         assert [s.callback for s in hub.subscriptions()] == [renewing.url]
         await async_wait_for(lambda: not hub.subscriptions(), 5)
@@ -411,7 +424,7 @@ def datetime_of(seq: int) -> Any:
 async def test_the_capability_list_advertises_topic_and_hub_as_change_notification_says(
     tmp_path: Path,
 ) -> None:
-    """``--write-hubs``: a ``<url>`` with the topic, capability changelist-notification, rel=hub.
+    """``--write-hubs``: a ``<url>`` with the topic, capability change-notification, rel=hub.
 
     And a Destination given ``--via websub`` finds hub and topic from that markup alone.
     """
@@ -441,7 +454,7 @@ async def test_the_capability_list_advertises_topic_and_hub_as_change_notificati
     document = sitemap.parse(path)
     assert isinstance(document, CapabilityList)
     hub, topic = f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/{cid}"
-    notification = [e for e in document.entries if e.capability == "changelist-notification"]
+    notification = [e for e in document.entries if e.capability == "change-notification"]
     assert [(e.loc, [(ln.rel, ln.href) for ln in e.links]) for e in notification] == [
         (topic, [("hub", hub)])
     ]
@@ -452,7 +465,7 @@ async def test_the_capability_list_advertises_topic_and_hub_as_change_notificati
     assert websub_target(info, cid, "websub") == (hub, topic)
     assert websub_target(info, cid, "http://other.test/hub") == (
         "http://other.test/hub/",
-        f"http://other.test/hub/{cid}",
+        topic,  # the advertised topic is kept: it need not live on the hub
     )
 
 
@@ -467,7 +480,9 @@ async def test_the_rsnotify_destination_renews_short_leases_and_lets_them_lapse_
     collection = "source.test-capabilitylist"
     log = SQLiteLog(tmp_path / "log.sqlite3")
     await log.register(collection, "http://source.test/capabilitylist.xml")
-    hub = WebSubHub(log, MemoryStore(), lease=LeasePolicy(default=600, minimum=1))
+    hub = WebSubHub(
+        log, MemoryStore(), lease=LeasePolicy(default=600, minimum=1), allow_callbacks=LOOPBACK
+    )
     await hub.start()
     events: list[ev.Event] = []
     server = CallbackServer(f"http://127.0.0.1:{free_port()}/cb")
@@ -506,7 +521,7 @@ async def test_the_rsnotify_destination_renews_short_leases_and_lets_them_lapse_
         await log.append(collection, [payload], expected_head=0, checkpoint="{}")
         await async_wait_for(lambda: [e for e in events if isinstance(e, ev.Message)], 10)
         message = next(e for e in events if isinstance(e, ev.Message))
-        assert message.prev == 0 and b"changelist-notification" in message.payload
+        assert message.prev == 0 and b'capability="change-notification"' in message.payload
         await async_wait_for(  # the topic poll (every 0.5 s) reports the new head
             lambda: [e for e in events if isinstance(e, ev.Head) and e.head == 1], 5
         )

@@ -39,6 +39,16 @@ def parse_retention(text: str) -> Retention:
     return Retention(max_len=max_len, max_age_s=max_age)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "source",
@@ -141,9 +151,57 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="longest wait between retries to a failing callback (default 30)",
     )
     push.add_argument(
+        "--websub-lease-min",
+        type=_positive_int,
+        metavar="SECONDS",
+        help="shortest lease granted (default 300, as Change Notification 4.2 recommends)",
+    )
+    push.add_argument(
+        "--websub-lease-max",
+        type=_positive_int,
+        metavar="SECONDS",
+        help="longest lease granted (default 2678400: a month)",
+    )
+    push.add_argument(
+        "--websub-allow-callback",
+        action="append",
+        default=[],
+        metavar="CIDR|HOST",
+        help="let the hub call callbacks in this network or on this host although they are "
+        "loopback, private, link-local... (refused by default); repeatable",
+    )
+    push.add_argument(
+        "--websub-max-subscriptions",
+        type=_positive_int,
+        default=10_000,
+        metavar="N",
+        help="subscriptions plus pending verifications the hub holds, in all (default 10000)",
+    )
+    push.add_argument(
+        "--websub-max-per-client",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help="... per client address, and per callback host (default 100 each)",
+    )
+    push.add_argument(
+        "--websub-hub",
+        metavar="URL",
+        help="also hand every notification to this WebSub hub (run by someone else); "
+        "the topics stay at --websub",
+    )
+    push.add_argument(
+        "--websub-hub-mode",
+        choices=("post", "ping"),
+        default="post",
+        help="post: Change Notification 4.1's POST of the payload (default); ping: "
+        "hub.mode=publish, for hubs that fetch the topic",
+    )
+    push.add_argument(
         "--write-hubs",
         action="store_true",
-        help="directory SOURCE: add the rs:ln rel=hub links to its Capability Lists",
+        help="directory SOURCE: advertise the channels in its Capability Lists "
+        "(WebSub as Change Notification section 5 says)",
     )
     push.add_argument("--heartbeat", type=float, default=5.0, help="head/heartbeat interval (s)")
     push.add_argument("--format", choices=("json", "xml"), default="json", help="payload format")
@@ -202,6 +260,21 @@ def run(args: argparse.Namespace) -> int:
     if (args.ws_cert or args.ws_key) and not (args.ws and args.ws_cert):
         print("rsnotify publish: --ws-cert/--ws-key need --ws, --ws-key a --ws-cert", flush=True)
         return 2
+    if args.websub_hub and not args.websub:
+        print(
+            "rsnotify publish: --websub-hub needs --websub HOST:PORT to serve the topics "
+            "(Change Notification 4.1: the topic answers GET and HEAD)",
+            flush=True,
+        )
+        return 2
+    if args.websub_allow_callback:
+        from ..transport.websubguard import CallbackPolicy
+
+        try:
+            CallbackPolicy.parse(args.websub_allow_callback)
+        except ValueError as exc:
+            print(f"rsnotify publish: {exc}", flush=True)
+            return 2
     if not (args.mqtt or args.ws or args.websub):
         print(
             "rsnotify publish: note: no --mqtt, --ws or --websub given; "
@@ -250,5 +323,13 @@ def run(args: argparse.Namespace) -> int:
         websub_url=args.websub_url,
         websub_lease=args.websub_lease,
         websub_retry_max=args.websub_retry_max,
+        websub_lease_min=args.websub_lease_min,
+        websub_lease_max=args.websub_lease_max,
+        websub_allow_callback=args.websub_allow_callback,
+        websub_max_subscriptions=args.websub_max_subscriptions,
+        websub_max_per_client=args.websub_max_per_client,
+        websub_max_per_host=args.websub_max_per_client,
+        websub_hub=args.websub_hub,
+        websub_hub_mode=args.websub_hub_mode,
     )
     return asyncio.run(service.run(config))

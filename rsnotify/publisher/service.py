@@ -101,6 +101,14 @@ class PublisherConfig:
     # Credentials, CA, proxy, pace and deadline of every read of the Source
     # (rsnotify.httppolicy); credentials go to the Source's origin only.
     http: HttpPolicy = field(default_factory=HttpPolicy)
+    websub_lease_min: int | None = None  # shortest lease granted (default 300 s)
+    websub_lease_max: int | None = None  # longest lease granted (default 2678400 s)
+    websub_allow_callback: Sequence[str] = ()  # CIDRs/hosts the hub may call despite the filter
+    websub_max_subscriptions: int = 10_000  # subscriptions + pending verifications, in all
+    websub_max_per_client: int = 100  # ... per client address
+    websub_max_per_host: int = 100  # ... per callback host
+    websub_hub: str | None = None  # a WebSub hub run by others to hand notifications to
+    websub_hub_mode: str = "post"  # post (section 4.1) or ping (hub.mode=publish)
 
 
 @dataclass(slots=True)
@@ -130,7 +138,9 @@ class Publisher:
         self._stopping = asyncio.Event()
         self._mqtt = None
         self._ws = None
-        self.websub: Any = None  # the WebSubHub, when --websub
+        self.websub: Any = None  # the WebSubHub, when --websub (with --ha: on the leader)
+        self._hub_pusher: Any = None  # the HubPusher, when --websub-hub
+        self._hub_pusher_task: asyncio.Task[None] | None = None
         self._metrics_runner = None
         self.metrics_port: int | None = None
         self.ws_port: int | None = None
@@ -284,11 +294,17 @@ class Publisher:
             mqtt, self._mqtt = self._mqtt, None
             with contextlib.suppress(Exception):
                 await mqtt.stop()
+        if self.config.ha:
+            await self._stop_websub()  # the next leader serves (and delivers) from the store
 
     async def _start_leading(self) -> None:
         """Detection, the MQTT pusher and maintenance: what only the leader runs."""
         self.is_leader = True
         self._start_pusher()
+        if self.config.websub and self.config.ha:
+            self._leading.append(asyncio.create_task(self._lead_websub()))
+        else:
+            await self._start_hub_pusher()
         if self.config.mqtt_only:
             self._leading.append(asyncio.create_task(self._follow_collections()))
             return
@@ -369,25 +385,29 @@ class Publisher:
             )
             await self._ws.start()
             self.ws_port = self._ws.port
-        if config.websub:
+        if config.websub and not config.ha:  # with --ha only the leader runs the hub
             await self._start_websub()
 
     async def _start_websub(self) -> None:
         """The WebSub hub serves from the log too (subscriptions: Redis or --state-dir)."""
         from ..transport.websub import WebSubHub
-        from ..transport.websubproto import LeasePolicy
+        from ..transport.websubproto import LEASE_MAXIMUM, LEASE_MINIMUM, LeasePolicy
         from ..transport.websubstore import open_store
 
         config = self.config
         assert self.log is not None and config.websub is not None
-        if config.ha or config.ws_only:
-            # Every instance would load the same subscriptions and deliver them all.
-            raise RsNotifyError("--websub runs one hub per log: not with --ha or --ws-only")
+        if config.ws_only:
+            # Every gateway would load the same subscriptions and deliver them all.
+            raise RsNotifyError("--websub runs one hub per log: not with --ws-only")
         host, _, port = config.websub.rpartition(":")
-        lease = LeasePolicy()
-        if config.websub_lease:
-            lease = LeasePolicy(default=config.websub_lease)
-        self.websub = WebSubHub(
+        minimum = config.websub_lease_min or LEASE_MINIMUM
+        maximum = config.websub_lease_max or LEASE_MAXIMUM
+        default = config.websub_lease or min(max(10 * 24 * 3600, minimum), maximum)
+        try:
+            lease = LeasePolicy(default=default, minimum=minimum, maximum=maximum)
+        except ValueError as exc:
+            raise RsNotifyError(f"--websub-lease*: {exc}") from None
+        hub = WebSubHub(
             self.log,
             open_store(config.redis, config.state_dir),
             host=host or "127.0.0.1",
@@ -400,17 +420,94 @@ class Publisher:
             # Never hold more than the log retains: "beyond retention" then means what it says.
             ring_size=min(2_000, config.retention.max_len or 2_000),
             server_id=config.publisher_id,
+            allow_callbacks=config.websub_allow_callback,
+            max_subscriptions=config.websub_max_subscriptions,
+            max_per_client=config.websub_max_per_client,
+            max_per_host=config.websub_max_per_host,
+            publish_secret=config.secret,
+            on_publish=self._on_publish,
+            external_hubs=[config.websub_hub] if config.websub_hub else [],
         )
-        await self.websub.start()
+        try:
+            await hub.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await hub.stop()
+            with contextlib.suppress(Exception):
+                await hub.store.close()
+            raise
+        self.websub = hub
+
+    async def _stop_websub(self) -> None:
+        hub, self.websub = self.websub, None
+        if hub is not None:
+            with contextlib.suppress(Exception):
+                await hub.stop()
+            with contextlib.suppress(Exception):
+                await hub.store.close()
+
+    async def _lead_websub(self) -> None:
+        """``--ha``: the leader runs the hub; the port may still be the old leader's a moment."""
+        backoff = Backoff(initial=0.1, maximum=2.0)
+        while True:
+            try:
+                await self._start_websub()
+                break
+            except OSError as exc:
+                delay = backoff.next()
+                log.warning("cannot serve WebSub yet (%s); retrying in %.1fs", exc, delay)
+                await self._sleep(delay)
+        log.info("leading: WebSub hub at %s", self.websub.url if self.websub else "?")
+        await self._start_hub_pusher()
+
+    def _on_publish(self, collection: str) -> None:
+        """A Source said its Change Lists changed (section 4.1 POST or ping): read them now."""
+        found = self.collections.get(collection)
+        if found is not None:
+            found.trigger.set()
+
+    async def _start_hub_pusher(self) -> None:
+        """``--websub-hub``: hand every notification to a hub run by others (leader only)."""
+        from ..transport.websubpush import HubPusher
+
+        config = self.config
+        if not config.websub_hub or self.websub is None or not self.is_leader:
+            return
+        assert self.log is not None
+        hub = self.websub
+        self._hub_pusher = HubPusher(
+            self.log,
+            hub_url=config.websub_hub,
+            topics=hub.topic,
+            capability_lists={cid: c.capability_list for cid, c in self.collections.items()},
+            mode=config.websub_hub_mode,
+            secret=config.secret,
+            signer=self.signer,
+            handoff=hub.handoff,
+            backoff_max=config.websub_retry_max,
+        )
+        for collection in self.collections:
+            self._hub_pusher.add_collection(collection)
+        self._hub_pusher_task = asyncio.create_task(self._hub_pusher.run())
+        self._leading.append(self._hub_pusher_task)
+
+    def planned_websub(self, collection: str) -> tuple[str, str] | None:
+        """``--ha`` follower: where the leader's hub will be (the same --websub address)."""
+        config = self.config
+        if not config.websub:
+            return None
+        base = config.websub_url or f"http://{config.websub}/"
+        base = base if base.endswith("/") else base + "/"
+        return base + collection, config.websub_hub or base
 
     def websub_advertisement(self, collection: str) -> tuple[str, str] | None:
-        """(topic, hub) for the Capability List's changelist-notification entry, if --websub."""
+        """(topic, hub) of the collection's Change Notification channel (section 5), if any."""
         if self.websub is None:
             return None
-        return self.websub.topic(collection), self.websub.url
+        return self.websub.topic(collection), self.config.websub_hub or self.websub.url
 
     def hub_links(self, collection: str) -> list[str]:
-        """The ``rs:ln rel="hub"`` hrefs Destinations need to find this collection's channels."""
+        """The collection's MQTT and WebSocket channels (``rel="urn:x-rsnotify:channel"``)."""
         hrefs = []
         config = self.config
         broker_url = config.mqtt or config.mqtt_hub
@@ -429,40 +526,57 @@ class Publisher:
         return hrefs
 
     def write_hub_links(self) -> None:
-        """Add the hub links to each Capability List file of a directory Source (atomically)."""
+        """Advertise the channels in each Capability List file of a directory Source (atomically).
+
+        WebSub as Change Notification 1.0.1 section 5 says (a ``<url>`` entry:
+        topic in ``<loc>``, ``rs:ln rel="hub"``, ``capability="change-notification"``),
+        MQTT and WebSocket as ``rs:ln rel="urn:x-rsnotify:channel"`` links (see
+        :mod:`rsnotify.discovery`).  Forms written by earlier versions (a
+        ``changelist-notification`` entry, ``rel="hub"`` links to ``mqtt://``
+        or ``ws://``) are replaced.
+        """
         from .. import sitemap
-        from ..envelope import NOTIFICATION_CAPABILITY
+        from ..discovery import CHANNEL_REL, PUSH_SCHEMES
+        from ..envelope import NOTIFICATION_CAPABILITY, OBSOLETE_CAPABILITY
         from ..model import Entry, Link
 
         assert isinstance(self._access, DirectoryAccess)
         for cid, collection in self.collections.items():
             path = self._access.local_path(collection.capability_list)
             document = sitemap.parse(path)
-            known = {ln.href for ln in document.links if ln.rel == "hub"}
-            new = [Link(rel="hub", href=h) for h in self.hub_links(cid) if h not in known]
+            links = [
+                ln
+                for ln in document.links
+                if not (ln.rel == "hub" and ln.href.partition(":")[0] in PUSH_SCHEMES)
+            ]
+            known = {ln.href for ln in links if ln.rel == CHANNEL_REL}
+            links += [Link(rel=CHANNEL_REL, href=h) for h in self.hub_links(cid) if h not in known]
+            entries = [e for e in document.entries if e.capability != OBSOLETE_CAPABILITY]
             websub = self.websub_advertisement(cid)
-            if websub is not None and not any(
-                e.capability == NOTIFICATION_CAPABILITY and e.loc == websub[0]
-                for e in document.entries
-            ):
+            if websub is not None:
                 topic, hub = websub
-                document.entries.append(
+                entries = [
+                    e
+                    for e in entries
+                    if not (e.capability == NOTIFICATION_CAPABILITY and e.loc == topic)
+                ]
+                entries.append(
                     Entry(
                         loc=topic,
                         capability=NOTIFICATION_CAPABILITY,
                         links=[Link(rel="hub", href=hub)],
                     )
                 )
-            elif not new:
+            if links == document.links and entries == document.entries:
                 continue
-            document.links.extend(new)
+            document.links, document.entries = links, entries
             temp = path.with_name(f".{path.name}.rsnotify-tmp")
             with open(temp, "wb") as handle:
                 sitemap.write(document, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temp, path)
-            log.info("added %d hub link(s) to %s", len(new), path)
+            log.info("advertised the push channels in %s", path)
 
     def _published_metrics(self, collection: str, transport: str) -> tuple[Any, Any]:
         # Called for every acknowledged notification: resolve the labelled
@@ -611,19 +725,26 @@ class Publisher:
             entries = found.entries[start : start + batch]
             checkpoint = found.checkpoints[start + len(entries) - 1]
             head = collection.head
-            payloads = [
-                to_json(
-                    Notification.from_entry(
-                        entry,
-                        collection=collection.id,
-                        seq=head + i,
-                        capabilitylist=collection.capability_list,
-                        changelist=found.changelist,
-                        detected=detected,
+            # Each change remembers the one logged before it: the start of its
+            # Change Notification interval (see rsnotify.envelope).  The
+            # watcher's checkpoint is the one committed with the previous batch.
+            previous = watcher.checkpoint.last_time
+            payloads = []
+            for i, entry in enumerate(entries, start=1):
+                payloads.append(
+                    to_json(
+                        Notification.from_entry(
+                            entry,
+                            collection=collection.id,
+                            seq=head + i,
+                            capabilitylist=collection.capability_list,
+                            changelist=found.changelist,
+                            detected=detected,
+                            since=previous,
+                        )
                     )
                 )
-                for i, entry in enumerate(entries, start=1)
-            ]
+                previous = entry.change_time
             collection.head = await self.log.append(
                 collection.id,
                 payloads,
@@ -677,11 +798,10 @@ class Publisher:
         if self._ws is not None:
             with contextlib.suppress(Exception):
                 await self._ws.stop()
-        if self.websub is not None:
-            with contextlib.suppress(Exception):
-                await self.websub.stop()
-            with contextlib.suppress(Exception):
-                await self.websub.store.close()
+        if self._hub_pusher_task is not None:  # before the topics it hands over go
+            self._hub_pusher_task.cancel()
+            await asyncio.gather(self._hub_pusher_task, return_exceptions=True)
+        await self._stop_websub()
         for task in [*self._tasks, *leading]:
             task.cancel()
         await asyncio.gather(*self._tasks, *leading, return_exceptions=True)
@@ -721,13 +841,14 @@ async def run(config: PublisherConfig, *, ready: asyncio.Event | None = None) ->
     for cid, collection in publisher.collections.items():
         print(f"rsnotify publish: collection {cid} {collection.capability_list}", flush=True)
         for href in publisher.hub_links(cid):
-            print(f'rsnotify publish:   advertise <rs:ln rel="hub" href="{href}"/>', flush=True)
-        websub = publisher.websub_advertisement(cid)
+            link = f'<rs:ln rel="urn:x-rsnotify:channel" href="{href}"/>'
+            print(f"rsnotify publish:   advertise {link}", flush=True)
+        websub = publisher.websub_advertisement(cid) or publisher.planned_websub(cid)
         if websub is not None:
             print(
                 f"rsnotify publish:   advertise <url><loc>{websub[0]}</loc>"
-                f'<rs:md capability="changelist-notification"/>'
-                f'<rs:ln rel="hub" href="{websub[1]}"/></url>',
+                f'<rs:ln rel="hub" href="{websub[1]}"/>'
+                f'<rs:md capability="change-notification"/></url>',
                 flush=True,
             )
     if config.write_hubs:

@@ -118,8 +118,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="URL",
-        help="advertise a push channel in every Capability List as rs:ln rel=hub "
-        "({collection} is replaced by c1, c2..., {id} by the rsnotify collection id); repeatable",
+        help="advertise a push channel in every Capability List ({collection} is replaced by "
+        "c1, c2..., {id} by the rsnotify collection id): http(s) as a WebSub topic (Change "
+        "Notification section 5; hub = the URL before {id}), mqtt/ws as rsnotify channels; "
+        "repeatable",
+    )
+    shape.add_argument(
+        "--ping",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="after each batch of changes, POST hub.mode=publish (hub.url = the Capability "
+        "List) to this hub, e.g. rsnotify publish --websub's; repeatable",
+    )
+    shape.add_argument(
+        "--ping-secret",
+        default=None,
+        metavar="SECRET",
+        help="sign pings with X-Hub-Signature (the publisher's --secret)",
     )
     shape.add_argument(
         "--spec-version",
@@ -213,6 +229,8 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         weights=args.weights,
         resurrect=args.resurrect,
         hubs=tuple(args.hub),
+        pings=tuple(args.ping),
+        ping_secret=args.ping_secret,
         paused=args.paused,
         tick=args.tick,
         clock_skew=args.clock_skew,

@@ -73,6 +73,7 @@ from aiohttp import web
 
 from . import payload
 from .diskwriter import DiskWriter
+from .ping import Pinger
 from .site import RESOURCE_LIST_LIMIT, Site
 from .source import (
     DEFAULT_CHANGELIST_SIZE,
@@ -118,6 +119,8 @@ class SimulatorConfig:
     clock_skew: float = 0.0
     large_every: int = 0
     large_bytes: int = 0
+    pings: tuple[str, ...] = ()  # hub URLs told "I just wrote my Change List" (see .ping)
+    ping_secret: str | None = None
 
     def validate(self) -> None:
         """Raise :class:`SimulatorError` for any value the simulator cannot honour."""
@@ -133,6 +136,9 @@ class SimulatorConfig:
             raise SimulatorError("resource list max age must be >= 0 and flush interval > 0")
         if abs(self.clock_skew) > MAX_SKEW:
             raise SimulatorError(f"clock skew must be within +-{MAX_SKEW:g} s")
+        for url in self.pings:
+            if not url.startswith(("http://", "https://")):
+                raise SimulatorError(f"--ping must be an http(s) URL, got {url!r}")
 
 
 @dataclass(slots=True)
@@ -186,6 +192,11 @@ class Simulator:
         self._tasks: list[asyncio.Task[None]] = []
         self._rate_samples: deque[tuple[float, int]] = deque(maxlen=64)
         self._started_mono = 0.0
+        self.pinger = (
+            Pinger(config.pings, config.ping_secret.encode() if config.ping_secret else None)
+            if config.pings
+            else None
+        )
         self.url = ""  # where it listens: http://HOST:PORT/ (control endpoints live here)
         self.base_url = ""  # the URL prefix written into documents (--base-url, else url)
 
@@ -259,6 +270,8 @@ class Simulator:
         if self.writer is not None:
             await self.writer.flush(self.now())
             self.writer.close()
+        if self.pinger is not None:
+            await self.pinger.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -289,6 +302,8 @@ class Simulator:
             self.counters.batches += 1
             if self.writer is not None:
                 self.writer.note(applied)
+            if self.pinger is not None:
+                self.pinger.changed({item.collection.capability_list_url for item in applied})
         return len(applied)
 
     @property
@@ -498,6 +513,11 @@ class Simulator:
             "files_written": self.writer.files_written if self.writer else None,
             "dir_error": self.writer.error if self.writer else None,
             "clock_skew_s": self.skew.total_seconds(),
+            "pings": (
+                {"sent": self.pinger.sent, "failed": self.pinger.failed}
+                if self.pinger is not None
+                else None
+            ),
             "fault": {
                 "mode": self.fault.mode if self.fault.active() else "none",
                 "hits": self.fault.hits,

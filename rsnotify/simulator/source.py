@@ -226,6 +226,18 @@ class Change:
     fixity: Fixity | None
 
 
+CHANGE_NOTIFICATION = "change-notification"
+CHANNEL_REL = "urn:x-rsnotify:channel"
+
+
+def hub_root(template: str) -> str:
+    """The hub of a WebSub topic template: the URL up to its first placeholder."""
+    if "{" in template:
+        return template[: template.index("{")]
+    parts = urlsplit(template)
+    return f"{parts.scheme}://{parts.netloc}/"
+
+
 @dataclass(slots=True)
 class ChangeListState:
     """One Change List: its interval and entries (dropped by :meth:`Source.release`)."""
@@ -576,31 +588,39 @@ class Source:
         )
 
     def capability_list(self, collection: Collection) -> Document:
-        """Links ``up`` to the Source Description, plus a ``hub`` per configured push channel.
+        """Links ``up`` to the Source Description, plus every configured push channel.
 
-        Hub templates may contain ``{collection}`` (``c1``...) and ``{id}`` (the
-        rsnotify collection id of this Capability List, which names its MQTT
-        topic and WebSocket path), so one option advertises every channel.
+        Channel templates may contain ``{collection}`` (``c1``...) and ``{id}``
+        (the rsnotify collection id of this Capability List, which names its
+        MQTT topic, WebSocket path and WebSub topic), so one option advertises
+        every channel.  An http(s) template is a WebSub topic, advertised as
+        Change Notification 1.0.1 section 5 says: a ``<url>`` with the topic
+        in ``<loc>``, ``rs:ln rel="hub"`` to the hub root (the template up to
+        its first placeholder, so ``http://HOST:PORT/{id}`` is the topic of
+        ``rsnotify publish --websub HOST:PORT``) and ``capability=
+        "change-notification"``.  ``mqtt://`` and ``ws://`` templates become
+        ``rs:ln rel="urn:x-rsnotify:channel"`` links (see rsnotify.discovery).
         """
         layout = self.layout
         cid = collection_id(layout.capability_list(collection.name))
-        hubs = [
-            Link(rel="hub", href=h.replace("{collection}", collection.name).replace("{id}", cid))
-            for h in self.hubs
+        links = [Link(rel="up", href=layout.source_description())]
+        entries = [
+            Entry(loc=layout.resource_list(collection.name), capability=Capability.RESOURCELIST),
+            Entry(loc=layout.changelist_index(collection.name), capability=Capability.CHANGELIST),
         ]
-        return make_document(
-            Root.URLSET,
-            Capability.CAPABILITYLIST,
-            links=[Link(rel="up", href=layout.source_description()), *hubs],
-            entries=[
-                Entry(
-                    loc=layout.resource_list(collection.name), capability=Capability.RESOURCELIST
-                ),
-                Entry(
-                    loc=layout.changelist_index(collection.name), capability=Capability.CHANGELIST
-                ),
-            ],
-        )
+        for template in self.hubs:
+            href = template.replace("{collection}", collection.name).replace("{id}", cid)
+            if urlsplit(href).scheme in ("http", "https"):
+                entries.append(
+                    Entry(
+                        loc=href,
+                        capability=CHANGE_NOTIFICATION,
+                        links=[Link(rel="hub", href=hub_root(template))],
+                    )
+                )
+            else:
+                links.append(Link(rel=CHANNEL_REL, href=href))
+        return make_document(Root.URLSET, Capability.CAPABILITYLIST, links=links, entries=entries)
 
     def resource_list(self, collection: Collection, at: datetime) -> Document:
         """The Resource List of ``collection`` now, stamped ``at`` (see :meth:`snapshot_time`).

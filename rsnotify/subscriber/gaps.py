@@ -12,6 +12,10 @@ log or the Change List Index.  It flags:
 * no heartbeat for ``heartbeat_timeout`` (publisher or connection dead,
   including half-open TCP connections that never error);
 * an undecodable or badly signed payload (it was *something*: assume a gap);
+* for notifications without sequence numbers (a Source or hub that knows
+  nothing of rsnotify), a break in the Change Notification interval chain:
+  a ``from`` later than the last ``until`` received (section 3: consecutive
+  notifications cover consecutive, non-overlapping intervals);
 * and, on a timer, a safety poll, because push alone is never trusted.
 
 Duplicates (QoS 1 redelivery, replay overlap) are recognised and dropped.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from datetime import datetime
 
 
 class Verdict(enum.Enum):
@@ -74,6 +79,7 @@ class GapDetector:
         self._head_seen: int | None = None
         self._head_deadline: float | None = None
         self._heartbeat_gap_raised = False
+        self.last_until: datetime | None = None  # the interval chain (notifications without seq)
 
     # -- notifications ---------------------------------------------------------------
 
@@ -104,6 +110,27 @@ class GapDetector:
         self.expected = seq + 1
         self._head_seen = None
         self._head_deadline = None
+
+    def on_interval(
+        self, start: datetime | None, end: datetime | None
+    ) -> tuple[Verdict, Gap | None]:
+        """Classify a notification without sequence numbers by its ``from``/``until``.
+
+        Change Notification 1.0.1 section 3: consecutive notifications cover
+        consecutive, non-overlapping intervals, so a ``from`` later than the
+        last ``until`` means one never came (or either side restarted).  A
+        ``from`` at or before it is in order, or an overlap or a repeat: its
+        changes are applied, and applying them is idempotent.  The first
+        notification after start-up or a catch-up starts the chain.
+        """
+        last = self.last_until
+        if end is not None:
+            self.last_until = end if last is None else max(last, end)
+        if last is None or start is None or start <= last:
+            return Verdict.APPLY, None
+        return Verdict.GAP, Gap(
+            f"interval chain broken: from {start.isoformat()} after until {last.isoformat()}"
+        )
 
     def on_invalid(self, reason: str) -> Gap:
         """An undecodable, oversized or badly signed payload."""
@@ -171,6 +198,7 @@ class GapDetector:
     def caught_up(self, through_seq: int | None, *, now: float) -> None:
         """Catch-up finished; ``through_seq`` is the last seq it covered, if known."""
         self.expected = None if through_seq is None else through_seq + 1
+        self.last_until = None
         self._head_seen = None
         self._head_deadline = None
         self.next_safety_poll = now + self.safety_interval

@@ -159,14 +159,14 @@ class Subscriber:
                 log.warning("discovery failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
 
-    def _hub_for(self, hubs: Sequence[Any], collection: str) -> str | None:
-        """The channel URL to use: --via, else an advertised hub (WebSocket first: it replays)."""
+    def _hub_for(self, cap: discovery.CapabilityListInfo) -> str | None:
+        """The channel to use: --via; else WebSub when advertised and --callback is given;
+        else an advertised rsnotify channel (WebSocket first: it replays); else WebSub."""
         if self.config.via:
             return self.config.via
-        ranked = sorted(
-            (h.href for h in hubs if urlsplit(h.href).scheme in ("ws", "wss", "mqtt", "mqtts")),
-            key=lambda href: urlsplit(href).scheme not in ("ws", "wss"),
-        )
+        if cap.websub and self.config.callback:
+            return "websub"
+        ranked = sorted(cap.channels, key=lambda href: urlsplit(href).scheme not in ("ws", "wss"))
         return ranked[0] if ranked else None
 
     async def start(self) -> None:
@@ -251,9 +251,16 @@ class Subscriber:
             self.engines[cid] = engine
             if config.once:
                 continue
-            hub = self._hub_for(cap.hubs, cid)
+            hub = self._hub_for(cap)
             if hub is None:
-                log.warning("%s advertises no push channel: polling only (give --via)", cap.url)
+                if cap.websub:
+                    log.warning(
+                        "%s advertises a WebSub channel (Change Notification section 5): "
+                        "give --callback URL to receive it; polling only",
+                        cap.url,
+                    )
+                else:
+                    log.warning("%s advertises no push channel: polling only (give --via)", cap.url)
                 continue
             if _channel_for(hub) == "websub":
                 self._channels.append(self._websub_channel(cap, cid, hub, engine))

@@ -424,9 +424,9 @@ class CollectionSync:
         applied = await self._walk_change_lists(wait=wait)
         self._replay_refused = False
         last_seq: int | None = None
-        for n in sorted(self._buffer, key=lambda n: n.seq):
+        for n in sorted(self._buffer, key=lambda n: (n.seq or 0, n.datetime)):
             self._submit_pushed(n)
-            last_seq = n.seq
+            last_seq = n.seq if n.seq is not None else last_seq
         self._buffer.clear()
         if wait:
             await self.drain()
@@ -454,17 +454,6 @@ class CollectionSync:
 
     # -- live ---------------------------------------------------------------------------
 
-    def _decode(self, message: ev.Message) -> Notification:
-        notification = envelope.decode(message.payload)
-        if self.keys is not None:
-            envelope.verify(message.payload, message.signature, self.keys)
-        if notification.collection != self.collection:
-            raise InvalidNotification(
-                f"notification for {notification.collection!r} on {self.collection!r}'s channel"
-            )
-        notification.received = message.received
-        return notification
-
     def _doubt(self, kind: str, detail: str) -> None:
         """Untrusted input disagreed with the Source: walk the Change Lists (rate-limited).
 
@@ -481,29 +470,71 @@ class CollectionSync:
             self.stats.duplicates += 1  # from a connection a replay replaced
             return None
         try:
-            n = self._decode(message)
+            batch = self._decode_batch(message)
         except InvalidNotification as exc:
             if self.trusted_push:
                 return self.detector.on_invalid(str(exc))
             # Anyone may write garbage on an unsigned channel: a doubt, rate-limited.
             self._doubt("invalid", f"invalid payload: {exc}")
             return None
+        if not batch.sequenced:
+            return self._on_interval(batch)
         if not self.trusted_push:
-            self._on_unsigned(n, message.prev)
+            for n in batch.changes:
+                self._on_unsigned(n, message.prev)
             return None
-        verdict, gap = self.detector.on_notification(n.seq, message.prev)
-        if beyond_skew(n.datetime, datetime.now(UTC), self.max_skew):
-            # Signed, so its sequence number counts; its date is not believed.
-            self._refuse_future(n)
-            return gap if verdict is Verdict.GAP else None
-        if verdict is Verdict.DUPLICATE:
-            self.stats.duplicates += 1
-            return None
-        if verdict is Verdict.GAP:
-            self._buffer.append(n)
-            return gap
-        self._submit_pushed(n)
-        return None
+        found: Gap | None = None
+        now = datetime.now(UTC)
+        for n in batch.changes:
+            assert n.seq is not None
+            if found is not None:  # after a gap the rest waits for the catch-up
+                self._buffer.append(n)
+                continue
+            verdict, gap = self.detector.on_notification(n.seq, message.prev)
+            if beyond_skew(n.datetime, now, self.max_skew):
+                # Signed, so its sequence number counts; its date is not believed.
+                self._refuse_future(n)
+                found = gap if verdict is Verdict.GAP else None
+            elif verdict is Verdict.DUPLICATE:
+                self.stats.duplicates += 1
+            elif verdict is Verdict.GAP:
+                self._buffer.append(n)
+                found = gap
+            else:
+                self._submit_pushed(n)
+        return found
+
+    def _on_interval(self, batch: envelope.ChangeNotification) -> Gap | None:
+        """A Change Notification without sequence numbers: the interval chain decides.
+
+        Signed (or on a channel that needs no signature to be trusted), a
+        broken chain is a gap and the changes wait for the catch-up's walk.
+        Unsigned, the chain is as forgeable as the rest: the changes are
+        hints applied at once and a broken chain is a doubt (see .trust).
+        """
+        verdict, gap = self.detector.on_interval(batch.from_, batch.until)
+        now = datetime.now(UTC)
+        trusted = self.trusted_push
+        if gap is not None and not trusted:
+            self._doubt("gap", gap.reason)
+            gap = None
+        for n in batch.changes:
+            if beyond_skew(n.datetime, now, self.max_skew):
+                self._refuse_future(n)
+            elif verdict is Verdict.GAP and trusted:
+                self._buffer.append(n)  # applied after the catch-up's walk
+            else:
+                self._submit_pushed(n)
+        return gap
+
+    def _decode_batch(self, message: ev.Message) -> envelope.ChangeNotification:
+        """Decode a payload of one or more changes (a standard one may name no collection)."""
+        batch = envelope.decode_batch(message.payload, collection=self.collection)
+        if self.keys is not None:
+            envelope.verify(message.payload, message.signature, self.keys)
+        for n in batch.changes:
+            n.received = message.received
+        return batch
 
     def _on_unsigned(self, n: Notification, prev: int | None) -> None:
         """A notification nobody vouched for: a hint, whatever its sequence number says.

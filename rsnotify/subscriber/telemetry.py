@@ -99,7 +99,8 @@ class SubscriberMetrics:
             if series is None:
                 series = stage[name] = self.stage.labels(collection, self.subscriber, name)
             series.observe(max(0.0, seconds))
-        cursor.set(n.seq)
+        if n.seq is not None:
+            cursor.set(n.seq)
         lag.set(max(0.0, time.time() - changed))
 
     def event(self, collection: str, kind: str) -> None:

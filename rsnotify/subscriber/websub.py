@@ -21,10 +21,16 @@ Subscribing (W3C WebSub 5.1 to 5.3)
 The secret
     Generated once (32 random bytes, hex) and kept in the state directory
     (``websub-secret``, mode 0600), so a restarted subscriber still verifies
-    what the hub signed before the restart.  A POST whose ``X-Hub-Signature``
-    is missing or wrong is answered 2xx (WebSub 7: acknowledge, then ignore)
-    and reported to the engine as an invalid payload: something was sent
-    that we could not trust, so it catches up from the Change List Index.
+    what the hub signed before the restart.  The signature is checked with
+    the method the hub states (WebSub 7.1.2): sha256, sha384, sha512, and
+    sha1 with a warning (it is what some hubs send).  A POST whose
+    ``X-Hub-Signature`` is missing or wrong is answered 2xx (WebSub 7:
+    acknowledge, then ignore) and reported to the engine as an invalid
+    payload: something was sent that we could not trust, so it catches up
+    from the Change List Index -- at most once per :data:`INVALID_INTERVAL`
+    seconds, so a flood of forged POSTs costs the Source one catch-up, not
+    one per POST (issue 22).  An empty POST is a topic without content
+    (Change Notification 4.1: ``Content-Length: 0``) and is ignored.
 
 What becomes an event
     A notification POST -> ``Message`` (with ``X-RsNotify-Prev`` as ``prev``
@@ -33,17 +39,26 @@ What becomes an event
     a cursor per subscription, so nothing is lost across our downtime within
     the lease and the retention); and, every ``heartbeat`` seconds, a GET of
     the topic URL (its ``X-RsNotify-Head`` header) -> ``Head``, which gives
-    the engine both its heartbeat and the head-ahead check.
+    the engine both its heartbeat and the head-ahead check.  (A ``HEAD``:
+    section 4.1 says the topic answers it like a GET, and a GET may be what
+    a hub that fetches topics is waiting for.)
+
+Which hub and topic
+    A Capability List entry with ``rs:md capability="change-notification"``
+    (section 5; the 1.0 draft's ``changelist-notification`` too): ``<loc>``
+    is the topic, its ``rs:ln rel="hub"`` the hub.  The older top-level
+    ``rs:ln rel="hub"`` with an http(s) URL is still read (topic
+    ``<hub><collection>``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -54,9 +69,10 @@ from aiohttp import web
 
 from .. import w3cdt
 from ..backoff import Backoff
-from ..envelope import NOTIFICATION_CAPABILITY
+from ..discovery import websub_channels
 from ..errors import RsNotifyError
 from ..transport import websubproto as proto
+from ..transport.websubguard import quote
 from . import events as ev
 
 log = logging.getLogger("rsnotify.subscribe")
@@ -65,25 +81,43 @@ Sink = Callable[[ev.Event], None]
 MAX_BODY = 1024 * 1024
 VERIFY_TIMEOUT = 10.0  # seconds to wait for the hub's verification GET
 RENEW_AT = 2 / 3  # of the granted lease
+INVALID_INTERVAL = 10.0  # seconds: at most one catch-up per interval for untrusted POSTs
+
+
+class Throttle:
+    """Let one event through per ``interval`` seconds; count the rest (pure; time passed in)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.next_allowed = float("-inf")
+        self.dropped = 0
+
+    def allow(self, now: float) -> bool:
+        if now >= self.next_allowed:
+            self.next_allowed = now + self.interval
+            return True
+        self.dropped += 1
+        return False
 
 
 def websub_target(capability_list: Any, collection: str, via: str) -> tuple[str, str]:
     """(hub, topic) for a collection: from ``--via http://hub/``, else as advertised.
 
-    The Change Notification markup is a Capability List ``<url>`` whose
-    ``<loc>`` is the topic, with ``rs:md capability="changelist-notification"``
-    and an ``rs:ln rel="hub"`` to the hub; a plain top-level ``rs:ln
-    rel="hub"`` with an http(s) URL is taken as an rsnotify hub (topic
-    ``<hub><collection>``).
+    The Change Notification markup (section 5) is a Capability List
+    ``<url>`` whose ``<loc>`` is the topic, with ``rs:md
+    capability="change-notification"`` and an ``rs:ln rel="hub"`` to the
+    hub; a plain top-level ``rs:ln rel="hub"`` with an http(s) URL is taken
+    as an rsnotify hub (topic ``<hub><collection>``).  With ``--via
+    http://hub/`` the advertised topic is kept when the Capability List has
+    one (it may live elsewhere than the hub).
     """
+    advertised = websub_channels(capability_list.document)
     if via != "websub":
         hub = via if via.endswith("/") else via + "/"
-        return hub, hub + collection
-    for entry in capability_list.document.entries:
-        if entry.capability == NOTIFICATION_CAPABILITY:
-            hubs = [link.href for link in entry.links if link.rel == "hub"]
-            if hubs:
-                return hubs[0], entry.loc
+        return hub, advertised[0][0] if advertised else hub + collection
+    if advertised:
+        topic, hub = advertised[0]
+        return hub, topic
     for link in capability_list.hubs:
         if urlsplit(link.href).scheme in ("http", "https"):
             hub = link.href if link.href.endswith("/") else link.href + "/"
@@ -193,6 +227,8 @@ class WebSubChannel:
         self.heartbeat = heartbeat
         self.callback = server.callback_for(collection)
         self.granted: int | None = None
+        self.untrusted = Throttle(INVALID_INTERVAL)
+        self._warned_sha1 = False
         self._intent: str | None = None  # the hub.mode we are asking for right now
         self._verified = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -208,7 +244,7 @@ class WebSubChannel:
             log.warning(
                 "%s: the hub denied the subscription: %s",
                 self.collection,
-                query.get("hub.reason", "no reason given"),
+                quote(query.get("hub.reason", "no reason given")),
             )
             self._intent = None
             self.sink(ev.Disconnected(f"WebSub: denied: {query.get('hub.reason', '')}"))
@@ -223,18 +259,27 @@ class WebSubChannel:
 
     def on_content(self, body: bytes, headers: Mapping[str, str]) -> None:
         get = headers.get
-        if not proto.verify_signature(body, get(proto.SIGNATURE_HEADER), self.secret):
-            self.sink(ev.Invalid("a WebSub POST without a valid X-Hub-Signature"))
+        method = proto.signature_method(body, get(proto.SIGNATURE_HEADER), self.secret)
+        if method is None:
+            self._untrusted("a WebSub POST without a valid X-Hub-Signature")
             return
+        if method == "sha1" and not self._warned_sha1:
+            self._warned_sha1 = True
+            log.warning(
+                "%s: the hub signs with sha1 (WebSub 7.1.2: accepted, but ask for sha256)",
+                self.collection,
+            )
+        if not body.strip():
+            return  # a topic with no content (section 4.1): nothing to apply
         if get(proto.TYPE_HEADER) == "gap_too_old":
-            try:
-                obj = json.loads(body)
-                self.sink(ev.TooOld(int(obj["since"]), int(obj["earliest"])))
-            except (ValueError, KeyError, TypeError):
-                self.sink(ev.Invalid("an unreadable gap_too_old"))
+            notice = proto.read_gap(body)
+            if notice is None:
+                self._untrusted("an unreadable gap_too_old")
+            else:
+                self.sink(ev.TooOld(notice.since, notice.earliest))
             return
         prev_text = get(proto.PREV_HEADER) or ""
-        prev = int(prev_text) if prev_text.isdigit() else None
+        prev = int(prev_text) if prev_text.isascii() and prev_text.isdigit() else None
         self.sink(
             ev.Message(
                 payload=body,
@@ -242,6 +287,18 @@ class WebSubChannel:
                 prev=prev,
             )
         )
+
+    def _untrusted(self, reason: str) -> None:
+        """Report an untrusted POST to the engine, at most once per :data:`INVALID_INTERVAL`."""
+        if self.untrusted.allow(time.monotonic()):
+            self.sink(ev.Invalid(reason))
+        elif self.untrusted.dropped in (1, 100) or self.untrusted.dropped % 1000 == 0:
+            log.warning(
+                "%s: %d untrusted WebSub POST(s) ignored (one catch-up per %gs)",
+                self.collection,
+                self.untrusted.dropped,
+                INVALID_INTERVAL,
+            )
 
     # -- our requests -------------------------------------------------------------------
 
@@ -292,8 +349,7 @@ class WebSubChannel:
     async def _heartbeat_loop(self, http: aiohttp.ClientSession) -> None:
         while True:
             try:
-                async with http.get(self.topic) as response:
-                    await response.read()
+                async with http.head(self.topic) as response:
                     head = response.headers.get(proto.HEAD_HEADER, "")
                     if response.status == 200 and head.isdigit():
                         earliest = response.headers.get(proto.EARLIEST_HEADER, "")

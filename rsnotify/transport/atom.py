@@ -101,6 +101,33 @@ def _entry(feed: etree._Element, record: LogRecord) -> None:
     content.append(etree.fromstring(envelope.to_xml(notification), _PARSER))
 
 
+def render_delivery(
+    *,
+    collection: str,
+    capability_list: str,
+    records: Sequence[LogRecord],
+    feed_url: str,
+    hub_url: str,
+) -> bytes:
+    """What a subscriber of ``feed.atom`` is POSTed: a feed of just the new entries.
+
+    WebSub 7: the hub sends the topic's content in its own content type; for
+    a feed that is Atom, holding the entries added since the last delivery.
+    """
+    first = records[0].seq if records else 1
+    last = records[-1].seq if records else 0
+    window = Window(0, first, last, True, max(1, last - first + 1), last)
+    return render_feed(
+        collection=collection,
+        capability_list=capability_list,
+        records=records,
+        window=window,
+        earliest=first,
+        feed_url=feed_url,
+        hub_url=hub_url,
+    )
+
+
 def render_feed(
     *,
     collection: str,

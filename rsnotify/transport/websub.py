@@ -14,9 +14,15 @@ Everything comes from the log
     trimmed it since; ``rsnotify publish`` sizes the ring to at most the
     log's count retention, so "beyond retention" means what it says.
 
-One delivery task per subscription, in order
-    Each subscription POSTs ``cursor + 1``, waits for the answer, and only
-    then moves on: a 2xx advances the cursor, ``410`` ends the subscription,
+One delivery task per subscription, in order, in batches
+    Each subscription POSTs one Change Notification holding every change
+    after its cursor that is ready (at most ``MAX_BATCH_CHANGES``), waits for
+    the answer, and only then moves on: a callback that keeps up gets one
+    change per POST, one that lags gets them grouped, so a slow round trip
+    no longer caps its rate.  Each change's ``<url>`` is rendered once, in
+    the shared ring; a notification is a header plus those fragments, its
+    ``from``/``until`` taken from the log (see :mod:`rsnotify.envelope`), so
+    any grouping chains exactly.  A 2xx advances the cursor, ``410`` ends the subscription,
     anything else retries the same notification with exponential backoff
     (capped at ``backoff_max``).  A callback that was down gets what it
     missed, in order, from the ring or -- if it fell behind the ring -- from
@@ -29,13 +35,22 @@ Persistence
     Subscriptions and cursors live in a :class:`~.websubstore.SubscriptionStore`
     (Redis or the embedded SQLite file); a restarted hub resumes every
     subscription from its stored cursor.  Run one hub per log: two hubs on
-    one Redis would both deliver every notification.
+    one Redis would both deliver every notification (with ``--ha`` only
+    the leader runs it, and a new leader resumes from the stored cursors).
+
+Guards (issue 22.2, :mod:`.websubguard`)
+    Callbacks are checked against the address policy before the hub
+    answers (after DNS resolution) and on every connection; subscriptions
+    and pending verifications are counted per client address, per callback
+    host and in total; an unknown topic is refused at once, without a GET;
+    store and log trouble is one log line and a denial, never a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import random
@@ -43,22 +58,32 @@ import secrets
 import socket
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
-from .. import outbound
+from .. import envelope, outbound
 from ..cancellation import raise_if_cancelled
 from ..collection import is_valid_collection_id
 from ..errors import RsNotifyError
 from ..log import LogRecord, LogUnavailable, NotificationLog
 from . import atom
 from . import websubproto as proto
-from .websubproto import Action, Delivery, LeasePolicy, Subscription, SubscriptionRequest
+from .websubguard import Admission, CallbackPolicy, FilteringResolver, quote, resolve_host
+from .websubproto import (
+    Action,
+    Delivery,
+    LeasePolicy,
+    PublishRequest,
+    RenderedChange,
+    Subscription,
+    SubscriptionRequest,
+)
 from .websubstore import CURSOR_FLUSH, SubscriptionStore
 
 logger = logging.getLogger(__name__)
@@ -67,14 +92,9 @@ TAIL_BATCH = 500
 REPLAY_BATCH = 100
 WAIT_TIMEOUT = 2.0
 REAP_INTERVAL = 0.25  # how often expired leases are looked for
-MAX_PENDING = 1_000  # verifications in flight before the hub answers 503
-MAX_FORM_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class _Item:
-    seq: int
-    body: bytes | None  # None: the record could not be rendered (sent as a gap)
+VERIFY_CONCURRENCY = 64  # verification GETs at once; the rest wait their turn
+MAX_REQUEST_BYTES = envelope.MAX_XML_PAYLOAD_BYTES  # a form, or a Source's notification
+MAX_PAGE_DIGITS = 12  # feed.atom?page=: more digits than any log will ever have pages
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +108,7 @@ class _Tailer:
     def __init__(self, collection: str, position: int, capacity: int) -> None:
         self.collection = collection
         self.position = position
-        self.ring: deque[_Item] = deque(maxlen=capacity)
+        self.ring: deque[RenderedChange] = deque(maxlen=capacity)
         self.subs: set[_Sub] = set()
         self.task: asyncio.Task[None] | None = None
 
@@ -98,7 +118,7 @@ class _Sub:
     sub: Subscription
     delivery: Delivery
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    buffer: deque[_Item] = field(default_factory=deque)
+    buffer: deque[RenderedChange] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
     dirty: bool = False
     delivered: int = 0
@@ -125,6 +145,12 @@ class WebSubHub:
         feed_page: int = atom.PAGE_SIZE,
         server_id: str | None = None,
         signer: outbound.Signer | None = None,
+        allow_callbacks: Sequence[str] = (),
+        max_per_client: int = 100,
+        max_per_host: int = 100,
+        publish_secret: bytes | None = None,
+        on_publish: Callable[[str], None] | None = None,
+        external_hubs: Sequence[str] = (),
     ) -> None:
         if ring_size < 1 or max_subscriptions < 1 or feed_page < 1:
             raise ValueError("ring_size, max_subscriptions and feed_page must be positive")
@@ -142,6 +168,15 @@ class WebSubHub:
         self.feed_page = feed_page
         self.server_id = server_id or f"{socket.gethostname()}:{os.getpid()}"
         self.signer = signer
+        self.policy = CallbackPolicy.parse(allow_callbacks)
+        self.admission = Admission(max_subscriptions, max_per_client, max_per_host)
+        self.publish_secret = publish_secret
+        self.on_publish = on_publish
+        self.external_hubs = list(external_hubs)
+        # Ping-mode hand-off to a hub that fetches the topic (rsnotify.transport.websubpush):
+        # collection -> callable giving the body to serve to the next GET.
+        self.handoff: dict[str, Callable[[], bytes | None]] = {}
+        self._verifying = asyncio.Semaphore(VERIFY_CONCURRENCY)
         self._subs: dict[tuple[str, str], _Sub] = {}
         self._tailers: dict[str, _Tailer] = {}
         self._collections: dict[str, str] = {}
@@ -168,12 +203,23 @@ class WebSubHub:
         return self.topic(collection) + "/feed.atom"
 
     def _topic_collection(self, topic: str) -> str | None:
+        """The collection of a topic URL (its notification topic or its Atom feed)."""
         base = urlsplit(self.url).path
         path = urlsplit(topic).path
         if not path.startswith(base):
             return None
         name = path[len(base) :].strip("/")
+        name = name.removesuffix("/feed.atom")
         return name if is_valid_collection_id(name) else None
+
+    def _publish_collection(self, url: str) -> str | None:
+        """The collection a publish names: by topic, Capability List or Change List URL."""
+        if url.startswith(self.url):
+            return self._topic_collection(url)
+        for cid, capability_list in self._collections.items():
+            if url in (capability_list, self.changelists.get(cid)):
+                return cid
+        return None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -185,11 +231,14 @@ class WebSubHub:
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=min(5.0, self.timeout), sock_read=self.timeout
             ),
-            connector=aiohttp.TCPConnector(limit=256, limit_per_host=0),
+            # Every connection to a callback resolves through the address policy.
+            connector=aiohttp.TCPConnector(
+                limit=256, limit_per_host=0, resolver=FilteringResolver(self.policy)
+            ),
         )
         with contextlib.suppress(LogUnavailable):
             self._collections = await self.log.collections()
-        app = web.Application(client_max_size=MAX_FORM_BYTES)
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_post("/", self._hub_request)
         app.router.add_get("/", self._topics)
         app.router.add_get("/{collection}", self._topic_head)
@@ -207,6 +256,7 @@ class WebSubHub:
                 await self.store.delete(*sub.key)
                 continue
             self._add(sub)
+            self.admission.add(sub.client, sub.callback)
         self._tasks.append(asyncio.create_task(self._reap_loop(), name="rsnotify-websub-reap"))
         self._tasks.append(asyncio.create_task(self._flush_loop(), name="rsnotify-websub-flush"))
         logger.info(
@@ -251,7 +301,10 @@ class WebSubHub:
     # -- HTTP: the hub endpoint --------------------------------------------------------------
 
     async def _hub_request(self, request: web.Request) -> web.Response:
+        if request.content_type in ("application/xml", "text/xml"):
+            return await self._publish_payload(request)
         try:
+            raw = await request.read()
             form = await request.post()
         except (ValueError, web.HTTPRequestEntityTooLarge):
             return web.Response(status=413, text="request too large\n")
@@ -260,12 +313,78 @@ class WebSubHub:
             parsed = proto.parse_request(fields, self._topic_collection)
         except proto.RequestError as exc:
             return web.Response(status=exc.status, text=f"{exc}\n")
-        if len(self._pending) >= MAX_PENDING:
-            return web.Response(status=503, text="too many pending verifications; retry\n")
-        task = asyncio.create_task(self._verify(parsed))
+        if isinstance(parsed, PublishRequest):
+            return self._publish(parsed.url, raw, request, status=202)
+        return await self._subscription_request(parsed, request.remote or "")
+
+    async def _subscription_request(self, parsed: SubscriptionRequest, client: str) -> web.Response:
+        """Refuse at once what needs no callback contact (WebSub 5.1), else 202 and verify."""
+        collection = parsed.collection
+        if collection is None or not await self._known(collection):
+            return web.Response(status=404, text="unknown topic: not a topic of this hub\n")
+        why = self.policy.check_literal(parsed.callback)
+        if why is None:
+            host = urlsplit(parsed.callback).hostname or ""
+            if not self.policy.host_allowed(host):
+                why = self.policy.check_resolved(host, await resolve_host(host))
+        if why is not None:
+            logger.info("refused callback %s: %s", quote(parsed.callback), why)
+            return web.Response(
+                status=403,
+                text=f"hub.callback refused: {why} (see --websub-allow-callback)\n",
+            )
+        key = (collection, parsed.callback)
+        counted = parsed.mode == "subscribe" and key not in self._subs
+        if counted:
+            refusal = self.admission.check(client, parsed.callback)
+            if refusal is not None:
+                return web.Response(status=refusal[0], text=refusal[1] + "\n")
+            self.admission.add(client, parsed.callback)
+        task = asyncio.create_task(self._verify(parsed, client, counted))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
         return web.Response(status=202, text="accepted; verifying intent\n")
+
+    def _authentic(self, body: bytes, request: web.Request) -> bool:
+        """With a publisher secret, a publish must be signed with it (X-Hub-Signature)."""
+        if self.publish_secret is None:
+            return True
+        header = request.headers.get(proto.SIGNATURE_HEADER)
+        method = proto.signature_method(body, header, self.publish_secret)
+        return method is not None and method != "sha1"
+
+    def _publish(self, url: str, body: bytes, request: web.Request, *, status: int) -> web.Response:
+        """A Source says ``url`` changed: read its Change Lists now (section 4.1)."""
+        if not self._authentic(body, request):
+            return web.Response(status=403, text="publish not signed with the publisher's secret\n")
+        collection = self._publish_collection(url)
+        if collection is None or collection not in self._collections:
+            return web.Response(
+                status=404, text="not a topic, Capability List or Change List here\n"
+            )
+        if self.on_publish is None:
+            return web.Response(status=409, text="this hub has no publisher to tell\n")
+        self.on_publish(collection)
+        return web.Response(status=status, text="published; reading the Change Lists\n")
+
+    async def _publish_payload(self, request: web.Request) -> web.Response:
+        """Change Notification 4.1: a POST of the payload with Link self and hub."""
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return web.Response(status=413, text="notification too large\n")
+        links = proto.link_targets(request.headers.get("Link"))
+        if not links.get("self") or not links.get("hub"):
+            return web.Response(
+                status=400,
+                text='Change Notification 4.1: the POST needs a Link header with rel="self" '
+                'and rel="hub"\n',
+            )
+        try:
+            envelope.decode_batch(body, collection=self._topic_collection(links["self"][0]))
+        except envelope.InvalidNotification as exc:
+            return web.Response(status=400, text=f"not a Change Notification: {exc}\n")
+        return self._publish(links["self"][0], body, request, status=200)
 
     async def _known(self, collection: str) -> bool:
         if collection not in self._collections:
@@ -273,68 +392,82 @@ class WebSubHub:
                 self._collections = await self.log.collections()
         return collection in self._collections
 
-    async def _verify(self, request: SubscriptionRequest) -> None:
-        """Deny, or verify intent and then (un)subscribe (WebSub 5.2, 5.3)."""
+    async def _verify(self, request: SubscriptionRequest, client: str, counted: bool) -> None:
+        """Verify intent and then (un)subscribe (WebSub 5.3); deny if it cannot be done."""
+        collection = request.collection
+        assert collection is not None
+        key = (collection, request.callback)
+        active = False
         try:
-            collection = request.collection
-            key = (collection or "", request.callback)
-            if request.mode == "subscribe":
-                reason = None
-                if collection is None or not await self._known(collection):
-                    reason = "unknown topic"
-                elif key not in self._subs and len(self._subs) >= self.max_subscriptions:
-                    reason = "too many subscriptions"
-                if reason is not None:
-                    await self._get(proto.denial_url(request.callback, request.topic, reason))
-                    logger.info("denied %s for %s: %s", request.topic, request.callback, reason)
-                    return
-            lease = self.lease.grant(request.lease_seconds)
-            challenge = secrets.token_urlsafe(24)
-            url = proto.verification_url(request, challenge, lease)
-            answer = await self._get(url)
-            if answer is None or not proto.challenge_answered(*answer, challenge):
-                logger.info("%s of %s not verified", request.mode, request.callback)
-                return
-            if request.mode == "unsubscribe":
-                await self._remove(key, "unsubscribed")
-                return
-            assert collection is not None
-            head = await self.log.head(collection)
-            existing = self._subs.get(key)
-            sub = proto.activate(
-                existing.sub if existing else None, request, lease=lease, head=head, now=time.time()
-            )
-            renewed = existing is not None and sub is existing.sub
-            if renewed:
-                assert existing is not None
-                sub.cursor = existing.delivery.cursor
-                await self.store.save(sub)
-            else:
-                if existing is not None:  # expired, not reaped yet: start afresh
-                    await self._remove(key, "lease expired")
-                await self.store.save(sub)
-                self._add(sub)
-            logger.info(
-                "%s %s to %s (lease %ds, from seq %d)",
-                "renewed" if renewed else "subscribed",
-                request.callback,
-                collection,
-                lease,
-                sub.cursor,
-            )
+            async with self._verifying:
+                active = await self._verify_intent(request, client, key)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            logger.exception("verifying %s failed", request.callback)
+        except (RsNotifyError, OSError) as exc:
+            logger.warning(
+                "cannot complete the %s of %s: %s", request.mode, quote(request.callback), exc
+            )
+            await self._get(
+                proto.denial_url(request.callback, request.topic, "the hub cannot store it; retry")
+            )
+        except Exception:  # never let one request take the hub down; say which
+            logger.exception("verifying %s failed", quote(request.callback))
+        finally:
+            if counted and not active:
+                self.admission.remove(client, request.callback)
+
+    async def _verify_intent(
+        self, request: SubscriptionRequest, client: str, key: tuple[str, str]
+    ) -> bool:
+        """True when a new subscription became active (it keeps its admission count)."""
+        collection = key[0]
+        lease = self.lease.grant(request.lease_seconds)
+        challenge = secrets.token_urlsafe(24)
+        answer = await self._get(proto.verification_url(request, challenge, lease))
+        if answer is None or not proto.challenge_answered(*answer, challenge):
+            logger.info("%s of %s not verified", request.mode, quote(request.callback))
+            return False
+        if request.mode == "unsubscribe":
+            await self._remove(key, "unsubscribed")
+            return False
+        head = await self.log.head(collection)
+        existing = self._subs.get(key)
+        sub = proto.activate(
+            existing.sub if existing else None, request, lease=lease, head=head, now=time.time()
+        )
+        renewed = existing is not None and sub is existing.sub
+        if renewed:
+            assert existing is not None
+            sub.cursor = existing.delivery.cursor
+            await self.store.save(sub)
+        else:
+            if existing is not None:  # expired, not reaped yet: start afresh
+                await self._remove(key, "lease expired")
+            sub.client = client
+            await self.store.save(sub)
+            self._add(sub)
+        logger.info(
+            "%s %s to %s (lease %ds, from seq %d)",
+            "renewed" if renewed else "subscribed",
+            quote(request.callback),
+            collection,
+            lease,
+            sub.cursor,
+        )
+        return not renewed
 
     async def _get(self, url: str) -> tuple[int, bytes] | None:
         assert self._http is not None
+        why = self.policy.check_literal(url)
+        if why is not None:
+            logger.info("not calling %s: %s", quote(url.split("?")[0]), why)
+            return None
         try:
-            async with self._http.get(url, allow_redirects=False) as response:
+            async with self._http.get(_exact(url), allow_redirects=False) as response:
                 body = await response.content.read(1024)
                 return response.status, body
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            logger.info("GET %s failed: %s", url.split("?")[0], exc)
+            logger.info("GET %s failed: %s", quote(url.split("?")[0]), exc)
             return None
 
     # -- HTTP: topics and feeds --------------------------------------------------------------
@@ -361,23 +494,41 @@ class WebSubHub:
             raise web.HTTPNotFound(text="no such collection here\n")
         return collection
 
+    def hubs(self) -> list[str]:
+        """The hubs a topic names in ``Link``: a hub handed the notifications first, then this."""
+        return [*self.external_hubs, self.url]
+
     async def _topic_head(self, request: web.Request) -> web.Response:
-        """The topic's content: its latest Change Notification, and where the log stands."""
+        """The topic (section 4.1): 200, application/xml, Link self and hub; latest notification.
+
+        Before the first notification the body is empty (``Content-Length:
+        0``, as section 4.1 says).  While a hub that fetches topics is being
+        handed notifications (:mod:`.websubpush`), a GET gets the one waiting.
+        """
         collection = await self._collection_of(request)
         try:
             earliest = await self.log.earliest(collection)
             head = await self.log.head(collection)
-            latest = await self.log.read(collection, head - 1, limit=1) if head else []
+            handoff = self.handoff.get(collection)
+            body = handoff() if handoff is not None and request.method == "GET" else None
+            if body is None:
+                latest = await self.log.read(collection, head - 1, limit=1) if head else []
+                item = self._render(collection, latest[0]) if latest else None
+                body = b""
+                if item is not None and item.fragment is not None:
+                    body = self._compose(collection, [item])
         except LogUnavailable:
             raise web.HTTPServiceUnavailable(text="the log is unreachable; retry\n") from None
-        item = self._render(collection, latest[0]) if latest else None
-        if item is not None and item.body is not None:
-            body = item.body
-        else:
-            body = proto.empty_notification(self._collections[collection])
         headers = proto.head_headers(
-            topic=self.topic(collection), hub=self.url, head=head, earliest=earliest
+            topic=self.topic(collection),
+            hubs=self.hubs(),
+            head=head,
+            earliest=earliest,
+            resourcesync=self._collections.get(collection),
         )
+        if body and self.signer is not None:  # relayed by hubs that fetch the topic
+            headers[proto.PUBLISHER_SIGNATURE_HEADER] = self.signer.sign(body)
+        headers["Content-Length"] = str(len(body))  # "0" before the first (4.1), HEAD too
         return web.Response(body=body, headers=headers)
 
     async def _feed(self, request: web.Request) -> web.Response:
@@ -385,7 +536,8 @@ class WebSubHub:
         page_text = request.query.get("page")
         page: int | None = None
         if page_text is not None:
-            if not page_text.isdigit() or int(page_text) < 1:
+            digits = len(page_text) <= MAX_PAGE_DIGITS and page_text.isascii()
+            if not (digits and page_text.isdigit()) or int(page_text) < 1:
                 raise web.HTTPBadRequest(text="page must be a positive integer\n")
             page = int(page_text)
         try:
@@ -430,6 +582,7 @@ class WebSubHub:
             await self.store.delete(*key)
         if s is None:
             return
+        self.admission.remove(s.sub.client, s.sub.callback)
         tailer = self._tailers.get(s.sub.collection)
         if tailer is not None:
             tailer.subs.discard(s)
@@ -439,7 +592,7 @@ class WebSubHub:
                     tailer.task.cancel()
         if s.task is not None and s.task is not asyncio.current_task():
             s.task.cancel()
-        logger.info("subscription of %s to %s ended: %s", key[1], key[0], why)
+        logger.info("subscription of %s to %s ended: %s", quote(key[1]), key[0], why)
 
     async def _reap_loop(self) -> None:
         while True:
@@ -521,42 +674,79 @@ class WebSubHub:
             tailer.ring.append(self._render(tailer.collection, record))
             tailer.position = record.seq
 
-    def _render(self, collection: str, record: LogRecord) -> _Item:
-        try:
-            return _Item(record.seq, outbound.render(record, fmt="xml").payload)
-        except (ValueError, KeyError, TypeError, RsNotifyError) as exc:
-            logger.error("%s: log record %d cannot be rendered (%s)", collection, record.seq, exc)
-            return _Item(record.seq, None)
+    def _render(self, collection: str, record: LogRecord) -> RenderedChange:
+        return proto.render_change(collection, record)
+
+    def _compose(self, collection: str, items: Sequence[RenderedChange]) -> bytes:
+        return proto.compose_batch(
+            items, capabilitylist=self._collections.get(collection, ""), collection=collection
+        )
 
     # -- delivery ---------------------------------------------------------------------------
 
-    async def _next(self, s: _Sub, tailer: _Tailer) -> _Item | _Gap | None:
+    async def _window(self, s: _Sub, tailer: _Tailer, want: int) -> list[RenderedChange]:
+        """Up to a batch of rendered changes from ``want`` on (ring, else the log)."""
+        ring = tailer.ring
+        if ring and ring[0].seq <= want:
+            s.buffer.clear()
+            offset = want - ring[0].seq
+            return list(itertools.islice(ring, offset, offset + proto.MAX_BATCH_CHANGES))
+        while s.buffer and s.buffer[0].seq < want:
+            s.buffer.popleft()
+        if not s.buffer or s.buffer[0].seq != want:
+            s.buffer.clear()
+            records = await self.log.read(s.sub.collection, want - 1, limit=REPLAY_BATCH)
+            if records and records[0].seq == want:
+                s.buffer.extend(self._render(s.sub.collection, r) for r in records)
+        return list(itertools.islice(s.buffer, proto.MAX_BATCH_CHANGES))
+
+    async def _next(self, s: _Sub, tailer: _Tailer) -> list[RenderedChange] | _Gap | None:
         """The next thing to POST to ``s``, or None when it is caught up."""
         cursor = s.delivery.cursor
         want = cursor + 1
         if want > tailer.position:
             return None
-        ring = tailer.ring
-        if ring and ring[0].seq <= want:
-            s.buffer.clear()
-            return ring[want - ring[0].seq]
-        while s.buffer and s.buffer[0].seq < want:
-            s.buffer.popleft()
-        if s.buffer and s.buffer[0].seq == want:
-            return s.buffer.popleft()
-        s.buffer.clear()
-        records = await self.log.read(s.sub.collection, cursor, limit=REPLAY_BATCH)
-        if records and records[0].seq == want:
-            s.buffer.extend(self._render(s.sub.collection, r) for r in records)
-            return s.buffer.popleft()
-        earliest = records[0].seq if records else await self.log.earliest(s.sub.collection)
+        items = await self._window(s, tailer, want)
+        if items and items[0].fragment is None:  # unrenderable: tell them to poll
+            return _Gap(cursor, items[0].seq + 1, max(tailer.position, items[0].seq))
+        if items:
+            return proto.take_batch(items)
+        earliest = await self.log.earliest(s.sub.collection)
         if s.delivery.plan(earliest, max(tailer.position, earliest - 1)) is Action.GAP:
             return _Gap(cursor, earliest, max(tailer.position, earliest - 1))
         return None
 
+    def _content(self, s: _Sub, batch: list[RenderedChange]) -> tuple[bytes, str]:
+        """The body of one delivery and its content type (the topic's: WebSub 7)."""
+        collection = s.sub.collection
+        if s.sub.topic.endswith("/feed.atom"):
+            records = [i.record for i in batch if i.record is not None]
+            body = atom.render_delivery(
+                collection=collection,
+                capability_list=self._collections.get(collection, ""),
+                records=records,
+                feed_url=self.feed_url(collection),
+                hub_url=self.url,
+            )
+            return body, proto.ATOM_TYPE
+        return self._compose(collection, batch), proto.NOTIFICATION_TYPE
+
     async def _deliver_loop(self, s: _Sub, tailer: _Tailer) -> None:
+        """Deliver to one subscription until it ends; a bug is logged, never a silent stop."""
+        while True:
+            try:
+                await self._deliver(s, tailer)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception(
+                    "delivery to %s failed unexpectedly; retrying", quote(s.sub.callback)
+                )
+                await asyncio.sleep(random.uniform(0.5, 1.0))
+
+    async def _deliver(self, s: _Sub, tailer: _Tailer) -> None:
         sub = s.sub
-        topic = self.topic(sub.collection)
         while True:
             raise_if_cancelled()
             s.wake.clear()
@@ -573,8 +763,6 @@ class WebSubHub:
                     async with asyncio.timeout(WAIT_TIMEOUT):
                         await s.wake.wait()
                 continue
-            if isinstance(item, _Item) and item.body is None:
-                item = _Gap(s.delivery.cursor, item.seq + 1, max(tailer.position, item.seq))
             if isinstance(item, _Gap):
                 capability_list = self._collections.get(sub.collection, "")
                 body = proto.gap_too_old(
@@ -586,7 +774,7 @@ class WebSubHub:
                     self.changelists.get(sub.collection),
                 )
                 headers = proto.content_headers(
-                    topic=topic,
+                    topic=sub.topic,
                     hub=self.url,
                     body=body,
                     secret=sub.secret,
@@ -595,16 +783,16 @@ class WebSubHub:
                     kind="gap_too_old",
                 )
             else:
-                assert item.body is not None
-                body = item.body
+                body, content_type = self._content(s, item)
                 headers = proto.content_headers(
-                    topic=topic,
+                    topic=sub.topic,
                     hub=self.url,
                     body=body,
                     secret=sub.secret,
-                    content_type=proto.NOTIFICATION_TYPE,
-                    seq=item.seq,
+                    content_type=content_type,
+                    seq=item[-1].seq,
                     prev=s.delivery.cursor,
+                    resourcesync=self._collections.get(sub.collection),
                 )
                 if self.signer is not None:  # the publisher's own key, as on MQTT/WebSocket
                     headers[proto.PUBLISHER_SIGNATURE_HEADER] = self.signer.sign(body)
@@ -615,24 +803,25 @@ class WebSubHub:
                     logger.info(
                         "%s: told %s seqs %d..%d are beyond retention; live after %d",
                         sub.collection,
-                        sub.callback,
+                        quote(sub.callback),
                         item.since + 1,
                         item.earliest - 1,
                         s.delivery.cursor,
                     )
                 else:
-                    s.delivery.delivered(item.seq)
-                    s.delivered += 1
+                    s.delivery.delivered(item[-1].seq)
+                    s.delivered += len(item)
                 s.dirty = True
             elif outcome == "gone":
                 await self._remove(sub.key, "the callback answered 410 Gone")
                 return
             else:
+                s.buffer.clear()  # a retry reads the log again: it may have trimmed since
                 delay = s.delivery.failed(time.time(), random.uniform(0.5, 1.0))
                 if s.delivery.failures in (1, 5) or s.delivery.failures % 20 == 0:
                     logger.warning(
                         "delivery to %s failed (%s; %d in a row); retrying in %.1fs",
-                        sub.callback,
+                        quote(sub.callback),
                         s.last_error,
                         s.delivery.failures,
                         delay,
@@ -641,9 +830,13 @@ class WebSubHub:
 
     async def _post(self, s: _Sub, body: bytes, headers: dict[str, str]) -> str:
         assert self._http is not None
+        why = self.policy.check_literal(s.sub.callback)
+        if why is not None:  # the policy changed since it subscribed: never call it
+            s.last_error = f"callback refused: {why}"
+            return "retry"
         try:
             async with self._http.post(
-                s.sub.callback, data=body, headers=headers, allow_redirects=False
+                _exact(s.sub.callback), data=body, headers=headers, allow_redirects=False
             ) as response:
                 await response.content.read(1024)
                 s.last_error = f"HTTP {response.status}"
@@ -651,6 +844,11 @@ class WebSubHub:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             s.last_error = f"{type(exc).__name__}: {exc}"
             return "retry"
+
+
+def _exact(url: str) -> URL:
+    """The callback URL as given, never re-encoded (WebSub 5.3: preserve the query string)."""
+    return URL(url, encoded=url.isascii())
 
 
 def describe(hub: WebSubHub) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from .websubproto import Subscription
 
 T = TypeVar("T")
 CURSOR_FLUSH = 0.5  # seconds between cursor writes while deliveries go on
+MAX_CONNECTIONS = 8  # Redis connections of one hub's store, at most
 
 
 def to_json(sub: Subscription) -> str:
@@ -42,6 +43,7 @@ def to_json(sub: Subscription) -> str:
             "lease_seconds": sub.lease_seconds,
             "expires": sub.expires,
             "cursor": sub.cursor,
+            "client": sub.client,
         },
         sort_keys=True,
     )
@@ -58,6 +60,7 @@ def from_json(text: str | bytes) -> Subscription:
         lease_seconds=int(obj["lease_seconds"]),
         expires=float(obj["expires"]),
         cursor=int(obj["cursor"]),
+        client=str(obj.get("client") or ""),
     )
 
 
@@ -217,22 +220,30 @@ end
 return 0
 """
 
-    def __init__(self, url: str, *, socket_timeout: float = 5.0) -> None:
+    def __init__(
+        self, url: str, *, socket_timeout: float = 5.0, max_connections: int = MAX_CONNECTIONS
+    ) -> None:
         import redis.asyncio as aioredis
 
         self.url = url
-        self._redis = aioredis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
+        # A bounded pool that waits for a free connection (issue 22.2: a burst of
+        # verifications opened connections until Redis said "Too many connections").
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=socket_timeout,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
         )
+        self._redis = aioredis.Redis(connection_pool=pool)
         self._advance = self._redis.register_script(self._ADVANCE)
 
     async def _call(self, coro: Any) -> Any:
-        from redis.exceptions import ConnectionError as RedisConnectionError
-        from redis.exceptions import TimeoutError as RedisTimeoutError
+        from redis.exceptions import RedisError
 
         try:
             return await coro
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except (RedisError, OSError) as exc:
             raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
 
     async def load(self) -> list[Subscription]:
