@@ -18,9 +18,10 @@ venv: $(STAMP)
 # mosquitto and redis-server (tests and the demo start their own instances on
 # free loopback ports; packaged services are never started or stopped here),
 # mosquitto-clients and systemd (deploy/ validation: mosquitto_sub in compose's
-# healthcheck, systemd-analyze verify), chromium (the dashboard's browser test).
+# healthcheck, systemd-analyze verify), chromium (the dashboard's browser test),
+# nats-server (the second MQTT broker: MQTT 3.1.1 over JetStream, stricter topics).
 NEEDED := mosquitto:mosquitto mosquitto_sub:mosquitto-clients redis-server:redis-server \
-          systemd-analyze:systemd chromium:chromium
+          systemd-analyze:systemd chromium:chromium nats-server:nats-server
 
 services:
 	@missing=""; for pair in $(NEEDED); do \
