@@ -295,7 +295,7 @@ class MqttPusher:
         self.reconnect_min = reconnect_min
         self.reconnect_max = reconnect_max
         self.stats = MqttStats()
-        self._link = BrokerLink(
+        self.link = BrokerLink(
             self.broker,
             client_id=self.client_id,
             logger=logger,
@@ -348,16 +348,16 @@ class MqttPusher:
     @property
     def protocol_in_use(self) -> str | None:
         """``"5"`` or ``"3.1.1"``: what the current (or last) connection speaks."""
-        return self._link.protocol_in_use
+        return self.link.protocol_in_use
 
     @property
     def link_state(self) -> LinkState:
         """The connection's state and, when refused or unreachable, the reason."""
-        return self._link.state
+        return self.link.state
 
     @property
     def _client(self) -> mqtt.Client | None:
-        return self._link.client
+        return self.link.client
 
     @property
     def in_flight(self) -> int:
@@ -399,7 +399,7 @@ class MqttPusher:
         self._failure = None
         self._done.clear()
         try:
-            self._spawn(self._link.run(), "mqtt-connection")
+            self._spawn(self.link.run(), "mqtt-connection")
             self._spawn(self._cursor_loop(), "mqtt-cursor")
             self._spawn(self._heartbeat_loop(), "mqtt-heartbeat")
             for lane in self._lanes.values():
@@ -471,7 +471,7 @@ class MqttPusher:
             await self._flush_cursors()
         self._connected = False
         self._window.clear()
-        await self._link.close()
+        await self.link.close()
         self._running = False
         self._done.set()
 
@@ -530,7 +530,7 @@ class MqttPusher:
                 self._set_disconnected()
             if self._conn_published and not self._conn_acked:
                 logger.warning(
-                    "%s", mqttproblems.closed_after_publish(self._last_topic, self._link.context)
+                    "%s", mqttproblems.closed_after_publish(self._last_topic, self.link.context)
                 )
             logger.info("MQTT: resending from the acknowledged cursor once reconnected")
 
@@ -546,7 +546,7 @@ class MqttPusher:
 
     def _on_ack(self, conn: int, mid: int, reason: ReasonCode) -> bool:
         """Book one PUBACK; True if it freed a window slot."""
-        if conn != self._link.conn or not self._connected:
+        if conn != self.link.conn or not self._connected:
             return False  # an older connection: its lanes were rewound, it will be resent
         sent = self._window.pop(mid, None)
         if sent is None:
@@ -565,7 +565,7 @@ class MqttPusher:
                 logger.error(
                     "%s; seq %d and later wait (retrying from the cursor)",
                     mqttproblems.publish_refused(
-                        lane.topic, reason.value, reason.getName(), self._link.context
+                        lane.topic, reason.value, reason.getName(), self.link.context
                     ),
                     sent.seq,
                 )
@@ -651,7 +651,7 @@ class MqttPusher:
         if client is None:
             return None
         props: Properties | None = None
-        if self._link.v5:
+        if self.link.v5:
             props = self._properties(content_type, signature)
         elif signature is not None:
             payload = mqttsig.attach(payload, signature)

@@ -11,9 +11,9 @@ again:
   in-flight messages of an old connection behind its owner's back.
 * **protocol fallback**: ``protocol="auto"`` tries MQTT 5, and on a CONNACK
   "unsupported protocol version" (NATS: "unacceptable protocol version of 5";
-  Mosquitto 1.x) tries 3.1.1 at once.  What worked is remembered per broker
-  for the life of the process, so reconnects (and other clients of the same
-  broker) start with it, and the fallback is logged once per broker.
+  Mosquitto 1.x) tries 3.1.1 at once.  What worked is remembered for the
+  life of the link (each rsnotify process has one link per broker), so
+  reconnects start with it, and the fallback is logged once.
 * **one line per failure, saying what to change** (:mod:`.mqttproblems`),
   followed by the **retry policy**: every client retries forever, with
   exponential backoff and jitter from ``reconnect_min`` to ``reconnect_max``
@@ -60,10 +60,6 @@ CLOSE_TIMEOUT_S = 3.0
 PROTOCOL_ERROR = 0x82
 
 State = Literal["connecting", "connected", "refused", "unreachable", "lost"]
-
-#: What worked per (host, port), for the life of the process.
-_worked: dict[tuple[str, int], int] = {}
-_fallback_logged: set[tuple[str, int]] = set()
 
 
 def check_protocol(protocol: str) -> str:
@@ -143,15 +139,12 @@ class BrokerLink:
         self.connected = False
         self.state = LinkState("connecting")
         self._client_protocol: int | None = None
+        self._worked: int | None = None  # the protocol of the last successful connection
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._events: asyncio.Queue[tuple[int, str, ReasonCode | None, bool]] = asyncio.Queue()
 
     # -- what the owner reads ------------------------------------------------------
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.broker.host, self.broker.port)
 
     @property
     def protocol_in_use(self) -> str | None:
@@ -167,13 +160,14 @@ class BrokerLink:
     def _first_protocol(self) -> int:
         if self.protocol != "auto":
             return PROTOCOLS[self.protocol]
-        return _worked.get(self.key, mqtt.MQTTv5)
+        return self._worked or mqtt.MQTTv5
 
     async def run(self) -> None:
         """Connect, wait for the connection to end, reconnect; forever (cancel to stop)."""
         self._loop = asyncio.get_running_loop()
         backoff = Backoff(initial=self.reconnect_min, maximum=self.reconnect_max)
         protocol = self._first_protocol()
+        fallback_logged = False
         while True:
             problem = await self._attempt(protocol)
             if problem is None:
@@ -182,8 +176,8 @@ class BrokerLink:
                 delay = backoff.next()
             elif problem.kind == "protocol" and self.protocol == "auto" and protocol == mqtt.MQTTv5:
                 protocol = mqtt.MQTTv311
-                if self.key not in _fallback_logged:
-                    _fallback_logged.add(self.key)
+                if not fallback_logged:
+                    fallback_logged = True
                     self.log.warning(
                         "%s refused MQTT 5; using MQTT 3.1.1 with it from now on",
                         self.context.where,
@@ -239,8 +233,7 @@ class BrokerLink:
         if kind == "connack" and reason is not None and not reason.is_failure:
             self.connected = True
             self.stats.connections += 1
-            if self.protocol == "auto":
-                _worked[self.key] = protocol
+            self._worked = protocol
             name = PROTOCOL_NAMES[protocol]
             self.log.info(
                 "MQTT: connected to %s as %s (MQTT %s)",
