@@ -1,8 +1,9 @@
 """The MQTT transport: tail the log, publish each notification at QoS 1, in order.
 
-Per collection the pusher publishes ``<prefix>/<collection>/changes`` (one
-message per sequence number, strictly in sequence order) and keeps a retained
-``<prefix>/<collection>/head`` message (latest seq, earliest retained seq,
+Per collection the pusher publishes ``<prefix>/<level>/changes`` (one
+message per sequence number, strictly in sequence order; ``<level>`` is the
+collection's broker-safe topic level, :mod:`.topics`) and keeps a retained
+``<prefix>/<level>/head`` message (latest seq, earliest retained seq,
 heartbeat time) refreshed every ``heartbeat`` seconds and right after each
 (re)connect, so a Destination can tell at connect time whether it missed
 anything and whether the publisher is alive.
@@ -52,8 +53,8 @@ reports to the dashboard), never by its MQTT client id: anyone reading the
 head could otherwise connect with that id and push the publisher off the
 broker (MQTT 3.1.1 section 3.1.4: the broker drops the older connection).
 
-Topics.  :class:`~.topics.Topics`: broker-safe levels by default, the
-pre-1.x names with ``legacy_topics``.
+Topics.  :class:`~.topics.Topics`: broker-safe levels by default, the old
+``<prefix>/<collection id>/...`` names with ``legacy_topics``.
 """
 
 from __future__ import annotations
@@ -656,13 +657,13 @@ class MqttPusher:
         elif signature is not None:
             payload = mqttsig.attach(payload, signature)
         info = client.publish(topic, payload, qos=1, retain=retain, properties=props)
-        self._conn_published += 1
-        self._last_topic = topic
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
             logger.debug(
                 "MQTT: paho refused a publish on %s: %s", topic, mqtt.error_string(info.rc)
             )
             return None
+        self._conn_published += 1
+        self._last_topic = topic
         return info.mid
 
     def _publish_record(self, lane: _Lane, record: LogRecord) -> bool:
