@@ -20,11 +20,12 @@ venv: $(STAMP)
 # mosquitto-clients and systemd (deploy/ validation: mosquitto_sub in compose's
 # healthcheck, systemd-analyze verify), chromium (the dashboard's browser test),
 # nginx (a stock static Source for tests and bench.http_detect: started with its
-# own config and prefix, the packaged service is never used) and openssl (the
-# private CA of the HTTPS Source test).
+# own config and prefix, the packaged service is never used), openssl (the
+# private CA of the HTTPS Source test) and nats-server (the second MQTT broker:
+# MQTT 3.1.1 over JetStream, stricter topics).
 NEEDED := mosquitto:mosquitto mosquitto_sub:mosquitto-clients redis-server:redis-server \
           systemd-analyze:systemd chromium:chromium \
-          nginx:nginx openssl:openssl
+          nginx:nginx openssl:openssl nats-server:nats-server
 
 services:
 	@missing=""; for pair in $(NEEDED); do \

@@ -997,6 +997,8 @@ async def run_rsnotify_throughput(
 async def run_bare_throughput(
     stack: Stack, source: SourceDir, entries: int, run: int
 ) -> ThroughputRun:
+    from rsnotify.transport.topics import Topics
+
     capability_list = source.url("capabilitylist")
     cid = collection_of(capability_list)
     changelist_url = source.url("changelist")
@@ -1008,7 +1010,7 @@ async def run_bare_throughput(
             "changelist_url": changelist_url,
             "host": stack.broker.host,
             "port": stack.broker.port,
-            "topic": f"{TOPIC_PREFIX}/{cid}/changes",
+            "topic": Topics(TOPIC_PREFIX).changes(cid),
             "window": WINDOW,
         },
         stack.workdir,

@@ -9,6 +9,7 @@ is autouse: a pure unit test pays for none of it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -16,7 +17,14 @@ from typing import Any
 
 import pytest
 
-from rsnotify.devstack import ManagedProcess, Mosquitto, Redis, StrPath, rsnotify_command
+from rsnotify.devstack import (
+    ManagedProcess,
+    Mosquitto,
+    NatsServer,
+    Redis,
+    StrPath,
+    rsnotify_command,
+)
 
 
 @pytest.fixture
@@ -36,6 +44,30 @@ def mosquitto_factory(tmp_path: Path) -> Iterator[Callable[..., Mosquitto]]:
 
     with stack:
         yield make
+
+
+@pytest.fixture
+def nats_factory(tmp_path: Path) -> Iterator[Callable[..., NatsServer]]:
+    """``make(start=True, **options) -> NatsServer``: NATS brokers (MQTT 3.1.1 over JetStream).
+
+    Each in its own directory (with its own JetStream store) on free ports;
+    all stopped at teardown, even if stopping one fails.
+    """
+    with ExitStack() as stack:
+        count = itertools.count()
+
+        def make(*, start: bool = True, **options: Any) -> NatsServer:
+            broker = NatsServer(tmp_path / f"nats-{next(count)}", **options)
+            stack.callback(broker.stop)
+            return broker.start() if start else broker
+
+        yield make
+
+
+@pytest.fixture
+def nats(nats_factory: Callable[..., NatsServer]) -> NatsServer:
+    """A running NATS broker with its MQTT listener, the second broker of the tests."""
+    return nats_factory()
 
 
 @pytest.fixture

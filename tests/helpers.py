@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,7 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from rsnotify.devstack import ManagedProcess
+from rsnotify.demo import mirror_differences
+from rsnotify.devstack import ManagedProcess, wait_for
 from rsnotify.simulator.server import Simulator, SimulatorConfig
 from rsnotify.subscriber.resources import ApplyRecord, ResourceStore
 from rsnotify.subscriber.service import default_state_dir
@@ -100,3 +102,35 @@ async def read_apply_log(mirror: Path, state_dir: Path | None = None) -> list[Ap
         return await store.apply_log()
     finally:
         await store.close()
+
+
+def freeze_and_converge(
+    source: str, mirror: Path, *, finish_timeout: float = 60, converge_timeout: float = 60
+) -> tuple[dict[str, Any], float]:
+    """Wait for the simulator to finish, freeze it, wait for ``mirror`` to equal its state.
+
+    Returns the frozen ``/_simulator/state`` and the seconds the mirror took
+    to converge after the freeze.
+    """
+    wait_for(
+        lambda: get_json(f"{source}_simulator/stats")["finished"],
+        timeout=finish_timeout,
+        interval=0.2,
+        message="the simulator did not finish its changes",
+    )
+    post_json(f"{source}_simulator/pause")
+    state: dict[str, Any] = get_json(f"{source}_simulator/state")
+    started = time.monotonic()
+    last: list[str] = []
+
+    def equal() -> bool:
+        last[:] = mirror_differences(state, mirror)
+        return not last
+
+    wait_for(
+        equal,
+        timeout=converge_timeout,
+        interval=0.5,
+        message=lambda: f"the mirror did not converge: {len(last)} differences: {last[:5]}",
+    )
+    return state, time.monotonic() - started

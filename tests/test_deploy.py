@@ -56,6 +56,7 @@ PASSWORDS = {
     "rsnotify-publisher": "pub-pw",
     "rsnotify-subscriber": "sub-pw",
     "rsnotify-dashboard": "dash-pw",
+    "rsnotify-health": "dash-pw",  # compose's health check: the dashboard's password, no rights
 }
 
 
@@ -467,6 +468,34 @@ def test_mosquitto_runs_the_deploy_configuration_and_enforces_the_acl(
         assert pub_seen["puback"][second.mid].getName() == "Success"
         assert sub_seen["messages"][1] == ("resourcesync/c2/changes", b'{"seq":3}')
         assert pub_seen["messages"] == []
+    finally:
+        for client in clients:
+            client.disconnect()
+            client.loop_stop()
+
+
+def test_the_deployed_broker_binds_client_ids_to_accounts(broker: DeployedMosquitto) -> None:
+    """Issue 22: another account connecting with the publisher's client id cannot push it off.
+
+    MQTT drops the older of two connections with one client id; with
+    ``use_username_as_clientid`` the broker uses each account's name instead
+    of the id the client sent, so ids of different accounts never meet.
+    """
+    assert _options(DEPLOY / "mosquitto.conf")["use_username_as_clientid"] == ["true"]
+    taken = "rsnotify-0123456789ab"  # what a publisher's id looks like
+    pub, pub_seen = _client(broker, "rsnotify-publisher", taken)
+    dropped: list[Any] = []
+    pub.on_disconnect = lambda *args: dropped.append(args)
+    clients = [pub]
+    try:
+        intruder, _ = _client(broker, "rsnotify-subscriber", taken)
+        clients.append(intruder)
+        # A PUBACK for a message sent after the intruder's CONNACK: the publisher's
+        # connection was never dropped (a dropped one would have reconnected first).
+        info = pub.publish("resourcesync/c1/head", b"{}", qos=1, retain=True)
+        wait_for(lambda: info.mid in pub_seen["puback"], message="no PUBACK")
+        assert not pub_seen["puback"][info.mid].is_failure
+        assert dropped == [], "the publisher was pushed off by another account"
     finally:
         for client in clients:
             client.disconnect()

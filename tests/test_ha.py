@@ -16,6 +16,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from rsnotify import sitemap, w3cdt
 from rsnotify.collection import collection_id
 from rsnotify.devstack import ManagedProcess, Mosquitto, Redis, wait_for
+from rsnotify.transport.topics import Topics
 
 CHANGES = 5000
 KILLS = 5
@@ -89,9 +90,7 @@ def test_killing_the_leader_five_times_loses_and_duplicates_nothing(
 
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="ha-test-sub")
         client.on_message = on_message
-        client.on_connect = lambda c, u, f, rc, p=None: c.subscribe(
-            f"resourcesync/{cid}/changes", qos=1
-        )
+        client.on_connect = lambda c, u, f, rc, p=None: c.subscribe(Topics().changes(cid), qos=1)
         client.connect(mosquitto.host, mosquitto.port)
         client.loop_start()
 

@@ -20,6 +20,7 @@ from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.log.tail_cache import TailCache
 from rsnotify.publisher import service
 from rsnotify.publisher.service import Publisher, PublisherConfig
+from rsnotify.transport.topics import topic_level
 from tests.helpers import running_simulator
 
 
@@ -252,7 +253,10 @@ async def test_a_publisher_whose_mqtt_push_runs_elsewhere_still_advertises_the_b
         ) as pub,
     ):
         cid = await only_collection(pub)
-        href = f"mqtt://broker.example.org:1883/rs/{cid}/changes"
+        # The broker-safe topic: the collection id's dots folded away (NATS refuses them).
+        assert "." in cid
+        href = f"mqtt://broker.example.org:1883/rs/{topic_level(cid)}/changes"
+        assert "." not in href.split("1883/", 1)[1]
         assert pub.hub_links(cid) == [href]
         assert pub._mqtt is None  # advertised, not pushed
         pub.write_hub_links()

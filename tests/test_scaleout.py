@@ -20,6 +20,7 @@ from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from rsnotify.transport import wsproto
 from rsnotify.transport.mqtt import CURSOR_NAME, MqttPusher
+from rsnotify.transport.topics import Topics
 
 C = "example.org-c1-capabilitylist-5ca1e000"
 N = 2000
@@ -84,7 +85,7 @@ async def test_subscribers_on_a_bridged_broker_see_every_notification_in_order(
             "restart_timeout 1 5",
         ],
     )
-    collector = Collector(far, f"resourcesync/{C}/changes")
+    collector = Collector(far, Topics().changes(C))
     # The bridge is up once a probe published on the near broker reaches the far one.
     probe = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
     probe.connect(near.host, near.port)

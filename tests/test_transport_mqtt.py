@@ -1,8 +1,13 @@
-"""The MQTT transport against a real Mosquitto, with the real log backends.
+"""The MQTT transport against real brokers, with the real log backends.
 
 Subscribers here are plain paho-mqtt clients written the way a Destination
 would write one, so the tests check the wire (topics, QoS 1 order, payload
 bytes, MQTT 5 properties), not the pusher's own idea of what it sent.
+
+Two brokers: Mosquitto (MQTT 5 and 3.1.1) everywhere, and NATS (MQTT 3.1.1
+only, over JetStream, no ``.`` in topics) for the tests that do not depend on
+Mosquitto's own features (ACL files, Receive Maximum, queue limits): those
+take the ``broker`` or ``broker_factory`` fixture, parametrized over both.
 """
 
 from __future__ import annotations
@@ -26,19 +31,22 @@ from paho.mqtt.properties import Properties
 
 from rsnotify import envelope, outbound, w3cdt
 from rsnotify.collection import collection_id
-from rsnotify.devstack import HOST, Mosquitto, Redis, async_wait_for
+from rsnotify.devstack import HOST, Mosquitto, NatsServer, Redis, async_wait_for
 from rsnotify.envelope import SIGNATURE_PROPERTY, Notification, SignatureError
 from rsnotify.log import LogRecord, NotificationLog, Retention
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.model import ChangeType
-from rsnotify.transport import InvalidBrokerURL, SigningUnsupported, TransportError
+from rsnotify.transport import InvalidBrokerURL, TransportError, mqttsig
 from rsnotify.transport.mqtt import CURSOR_NAME, MqttPusher
 from rsnotify.transport.mqtturl import parse_broker_url
+from rsnotify.transport.topics import Topics
 
 C1 = collection_id("https://example.org/c1/capabilitylist.xml")
 C2 = collection_id("https://example.org/c2/capabilitylist.xml")
 PREFIX = "rs-test"
+TOPICS = Topics(PREFIX)
+Broker = Mosquitto | NatsServer
 FAST = {"reconnect_min": 0.05, "reconnect_max": 0.5, "cursor_interval": 0.02}
 
 
@@ -92,22 +100,25 @@ async def records(log: NotificationLog, collection: str) -> dict[int, LogRecord]
 
 
 class Subscriber:
-    """A plain paho MQTT 5 subscriber at QoS 1, as a Destination would write it.
+    """A plain paho subscriber at QoS 1, as a Destination would write it.
 
+    MQTT 5 by default, 3.1.1 on NATS (which speaks nothing else).
     ``received`` holds ``(connection number, message)`` in arrival order.
-    ``persistent`` keeps a broker session (clean_start False, long expiry) so
-    messages published while it is away are queued for it.
+    ``persistent`` keeps a broker session (clean start/session False, long
+    expiry) so messages published while it is away are queued for it.
     """
 
     def __init__(
         self,
-        broker: Mosquitto,
+        broker: Broker,
         topics: list[str],
         *,
         persistent: bool = False,
-        protocol: int = mqtt.MQTTv5,
+        protocol: int | None = None,
         credentials: tuple[str, str] | None = None,
     ) -> None:
+        if protocol is None:
+            protocol = mqtt.MQTTv311 if isinstance(broker, NatsServer) else mqtt.MQTTv5
         self.received: list[tuple[int, mqtt.MQTTMessage]] = []
         self.connections = 0
         self.subacks = 0
@@ -115,6 +126,7 @@ class Subscriber:
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=f"test-sub-{uuid.uuid4().hex[:10]}",
+            clean_session=None if protocol == mqtt.MQTTv5 else not persistent,
             protocol=protocol,
         )
         self.client.reconnect_delay_set(0.05, 0.2)  # type: ignore[arg-type]
@@ -151,7 +163,7 @@ class Subscriber:
         return [m for _, m in list(self.received) if m.topic.endswith(suffix)]
 
     def seqs(self, collection: str) -> list[int]:
-        topic = f"{PREFIX}/{collection}/changes"
+        topic = TOPICS.changes(collection)
         return [json.loads(m.payload)["seq"] for m in self.messages() if m.topic == topic]
 
     def close(self) -> None:
@@ -159,11 +171,44 @@ class Subscriber:
         self.client.loop_stop()
 
 
+def signed_payload(message: mqtt.MQTTMessage) -> tuple[bytes, str | None]:
+    """(signed bytes, signature): from the MQTT 5 user property, else the 3.1.1 trailer."""
+    properties = getattr(message, "properties", None)
+    user = dict(getattr(properties, "UserProperty", None) or ())
+    if SIGNATURE_PROPERTY in user:
+        return message.payload, user[SIGNATURE_PROPERTY]
+    return mqttsig.detach(message.payload)
+
+
+def is_v5(broker: Broker) -> bool:
+    return isinstance(broker, Mosquitto)
+
+
+@pytest.fixture(params=["mosquitto", "nats"])
+def broker_factory(
+    request: pytest.FixtureRequest,
+    mosquitto_factory: Callable[..., Mosquitto],
+    nats_factory: Callable[..., NatsServer],
+) -> Callable[..., Broker]:
+    """``make(start=True, **mosquitto_options)``: Mosquitto, or NATS (which takes none).
+
+    NATS keeps sessions and queues in JetStream, like Mosquitto with persistence.
+    """
+    if request.param == "nats":
+        return lambda *, start=True, **_mosquitto_only: nats_factory(start=start)
+    return mosquitto_factory
+
+
+@pytest.fixture
+def broker(broker_factory: Callable[..., Broker]) -> Broker:
+    return broker_factory(max_queued_messages=100_000, max_inflight_messages=100)
+
+
 @pytest.fixture
 def subscribers() -> Iterator[Callable[..., Subscriber]]:
     made: list[Subscriber] = []
 
-    def make(broker: Mosquitto, topics: list[str], **kwargs: Any) -> Subscriber:
+    def make(broker: Broker, topics: list[str], **kwargs: Any) -> Subscriber:
         subscriber = Subscriber(broker, topics, **kwargs)
         made.append(subscriber)
         return subscriber
@@ -207,18 +252,22 @@ def assert_matches_record(message: mqtt.MQTTMessage, record: LogRecord) -> None:
 # --- delivery ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+@pytest.mark.parametrize(
+    ("backend", "kind"), [("sqlite", "mosquitto"), ("redis", "mosquitto"), ("sqlite", "nats")]
+)
 async def test_every_record_is_delivered_once_in_order_and_the_cursor_reaches_the_head(
     backend: str,
+    kind: str,
     request: pytest.FixtureRequest,
     tmp_path: Path,
-    mosquitto_factory: Callable[..., Mosquitto],
     subscribers: Callable[..., Subscriber],
 ) -> None:
     # Mosquitto drops QoS 1 messages for a subscriber with more than
     # max_queued_messages (default 1000) waiting; a 2,000-message burst to a
     # Python subscriber can exceed that, which would be the broker's loss, not ours.
-    mosquitto = mosquitto_factory(max_queued_messages=100_000)
+    mosquitto: Broker = request.getfixturevalue(f"{kind}_factory")(
+        **({"max_queued_messages": 100_000} if kind == "mosquitto" else {})
+    )
     if backend == "redis":
         server: Redis = request.getfixturevalue("redis_server")
         log: NotificationLog = RedisLog(server.url)
@@ -255,17 +304,19 @@ async def test_every_record_is_delivered_once_in_order_and_the_cursor_reaches_th
                     lambda c=c: _cursor_is(log, c, 1000), message=f"{c} cursor below head"
                 )
                 assert pusher.acked(c) == 1000
-        print(f"\nMQTT push ({backend} log): 2000 notifications in {elapsed:.2f} s")
+        print(f"\nMQTT push ({backend} log, {kind}): 2000 notifications in {elapsed:.2f} s")
 
         assert pusher.stats.connections == 1
+        assert pusher.protocol_in_use == ("5" if is_v5(mosquitto) else "3.1.1")
         for c in (C1, C2):
             assert subscriber.seqs(c) == list(range(1, 1001))  # once each, dense, in order
         logged = {c: await records(log, c) for c in (C1, C2)}
         for message in subscriber.messages():
             body = json.loads(message.payload)
-            assert message.topic == f"{PREFIX}/{body['collection']}/changes"
+            assert message.topic == TOPICS.changes(body["collection"])
             assert message.qos == 1
-            assert message.properties.ContentType == "application/json"
+            if is_v5(mosquitto):
+                assert message.properties.ContentType == "application/json"
             assert_matches_record(message, logged[body["collection"]][body["seq"]])
         assert len(published) == 2000
         assert {(c, s) for c, s, _, _ in published} == {
@@ -282,12 +333,12 @@ async def _cursor_is(log: NotificationLog, collection: str, seq: int) -> bool:
 
 async def test_a_broker_outage_delays_pushes_without_losing_any_or_queueing_in_memory(
     sqlite_log: NotificationLog,
-    mosquitto_factory: Callable[..., Mosquitto],
+    broker_factory: Callable[..., Broker],
     subscribers: Callable[..., Subscriber],
 ) -> None:
     # Persistence + a persistent subscriber session: what the broker accepted
     # before the stop is still queued for the subscriber after the restart.
-    broker = mosquitto_factory(persistence=True, max_queued_messages=100_000)
+    broker = broker_factory(persistence=True, max_queued_messages=100_000)
     subscriber = subscribers(broker, [f"{PREFIX}/+/changes"], persistent=True)
     await subscriber.subscribed()
     window = 20
@@ -367,10 +418,10 @@ async def test_a_broker_outage_delays_pushes_without_losing_any_or_queueing_in_m
 
 async def test_the_pusher_connects_once_a_broker_that_was_down_at_start_comes_up(
     sqlite_log: NotificationLog,
-    mosquitto_factory: Callable[..., Mosquitto],
+    broker_factory: Callable[..., Broker],
     subscribers: Callable[..., Subscriber],
 ) -> None:
-    broker = mosquitto_factory(start=False)
+    broker = broker_factory(start=False)
     await append(sqlite_log, C1, 30)
     pusher = MqttPusher(broker.url, sqlite_log, topic_prefix=PREFIX, **FAST)
     pusher.add_collection(C1)
@@ -435,7 +486,7 @@ async def test_a_message_the_broker_refuses_holds_the_cursor_until_it_is_accepte
     mosquitto_factory: Callable[..., Mosquitto],
     subscribers: Callable[..., Subscriber],
 ) -> None:
-    allow_c2_only = f"user pub\ntopic write {PREFIX}/+/head\ntopic write {PREFIX}/{C2}/changes\n"
+    allow_c2_only = f"user pub\ntopic write {PREFIX}/+/head\ntopic write {TOPICS.changes(C2)}\n"
     broker = mosquitto_factory(
         password_file={"pub": "pub-secret", "sub": "sub-secret"},
         acl=allow_c2_only + f"user sub\ntopic read {PREFIX}/#\n",
@@ -470,9 +521,10 @@ async def test_a_message_the_broker_refuses_holds_the_cursor_until_it_is_accepte
 
 async def test_the_retained_head_tells_a_new_subscriber_where_the_log_stands(
     sqlite_log: NotificationLog,
-    mosquitto: Mosquitto,
+    broker: Broker,
     subscribers: Callable[..., Subscriber],
 ) -> None:
+    mosquitto = broker
     await append(sqlite_log, C1, 10)
     await sqlite_log.trim(C1, Retention(max_len=4, max_age_s=None), now_ms=0)  # keeps 7..10
     pusher = MqttPusher(mosquitto.url, sqlite_log, topic_prefix=PREFIX, heartbeat=0.2, **FAST)
@@ -491,14 +543,19 @@ async def test_the_retained_head_tells_a_new_subscriber_where_the_log_stands(
         await async_wait_for(lambda: heads(C1) and heads(C2), message="no retained heads")
         first = subscriber.messages("/head")[0]
         assert first.retain  # delivered from the broker's retained store
-        assert first.properties.ContentType == "application/json"
+        assert first.topic == TOPICS.head(json.loads(first.payload)["collection"])
+        if is_v5(broker):
+            assert first.properties.ContentType == "application/json"
         assert {k: v for k, v in heads(C1)[0].items() if k != "heartbeat"} == {
             "type": "head",
             "collection": C1,
             "head": 10,
             "earliest": 7,
-            "publisher": pusher.client_id,
+            "publisher": pusher.publisher_id,
         }
+        # Issue 22: whoever reads the head must not learn the client id (with it,
+        # any account could connect as the publisher and push it off the broker).
+        assert all(pusher.client_id.encode() not in m.payload for m in subscriber.messages("/head"))
         assert (heads(C2)[0]["head"], heads(C2)[0]["earliest"]) == (0, 1)
 
         # The heartbeat refreshes, and the head follows the log.
@@ -514,17 +571,34 @@ async def test_the_retained_head_tells_a_new_subscriber_where_the_log_stands(
 # --- signing, protocol versions, formats ----------------------------------------
 
 
+def assert_signed_by(message: mqtt.MQTTMessage, keys: dict[str, bytes]) -> bytes:
+    """Verify the signature (property or trailer); a flipped byte or another key fails.
+
+    Returns the signed bytes (the payload without any 3.1.1 trailer).
+    """
+    payload, signature = signed_payload(message)
+    envelope.verify(payload, signature, keys)
+    tampered = bytearray(payload)
+    tampered[len(tampered) // 2] ^= 0x01
+    with pytest.raises(SignatureError):
+        envelope.verify(bytes(tampered), signature, keys)
+    with pytest.raises(SignatureError):
+        envelope.verify(payload, signature, {"k1": b"another secret"})
+    return payload
+
+
 async def test_signed_payloads_verify_and_a_tampered_byte_fails(
     sqlite_log: NotificationLog,
-    mosquitto: Mosquitto,
+    broker: Broker,
     subscribers: Callable[..., Subscriber],
 ) -> None:
+    """On MQTT 5 the signature is a user property; on 3.1.1 (NATS) it trails the payload."""
     keys = {"k1": b"s3cret"}
-    subscriber = subscribers(mosquitto, [f"{PREFIX}/+/changes", f"{PREFIX}/+/head"])
+    subscriber = subscribers(broker, [f"{PREFIX}/+/changes", f"{PREFIX}/+/head"])
     await subscriber.subscribed()
     await append(sqlite_log, C1, 5)
     pusher = MqttPusher(
-        mosquitto.url,
+        broker.url,
         sqlite_log,
         topic_prefix=PREFIX,
         signer=outbound.Signer("k1", keys["k1"]),
@@ -534,32 +608,63 @@ async def test_signed_payloads_verify_and_a_tampered_byte_fails(
     async with running(pusher):
         await async_wait_for(lambda: subscriber.seqs(C1) == [1, 2, 3, 4, 5])
         await async_wait_for(lambda: subscriber.messages("/head"))
-    assert pusher.protocol_in_use == "5"
+    assert pusher.protocol_in_use == ("5" if is_v5(broker) else "3.1.1")
+    logged = await records(sqlite_log, C1)
     for message in subscriber.messages() + subscriber.messages("/head"):
-        properties = dict(message.properties.UserProperty)
-        signature = properties[SIGNATURE_PROPERTY]
-        envelope.verify(message.payload, signature, keys)
-        tampered = bytearray(message.payload)
-        tampered[len(tampered) // 2] ^= 0x01
-        with pytest.raises(SignatureError):
-            envelope.verify(bytes(tampered), signature, keys)
-        with pytest.raises(SignatureError):
-            envelope.verify(message.payload, signature, {"k1": b"another secret"})
+        properties = dict(getattr(message.properties, "UserProperty", None) or ())
+        assert (SIGNATURE_PROPERTY in properties) == is_v5(broker)
+        payload = assert_signed_by(message, keys)
+        assert (payload == message.payload) == is_v5(broker)
+    for message in subscriber.messages():
+        # The signed bytes are the rendered notification, trailer or not.
+        payload, _ = signed_payload(message)
+        body = json.loads(payload)
+        assert SIGNATURE_PROPERTY not in body
+        assert_matches_record_bytes(payload, logged[body["seq"]])
 
 
-async def test_mqtt_3_1_1_with_a_signer_refuses_to_run(
-    sqlite_log: NotificationLog, mosquitto: Mosquitto
+def assert_matches_record_bytes(payload: bytes, record: LogRecord) -> None:
+    obj = json.loads(payload)
+    obj.pop("published")
+    expected = json.loads(outbound.render(record).payload)
+    del expected["published"]
+    assert obj == expected
+
+
+async def test_mqtt_3_1_1_carries_the_signature_at_the_end_of_the_payload(
+    sqlite_log: NotificationLog,
+    mosquitto: Mosquitto,
+    subscribers: Callable[..., Subscriber],
 ) -> None:
+    """A 3.1.1 connection has no properties: the JSON payload gets one more member, last.
+
+    Readers that know nothing of it still parse the notification (unknown
+    fields are ignored); the signature covers the bytes before it.
+    """
+    keys = {"k1": b"s3cret"}
+    old = subscribers(mosquitto, [f"{PREFIX}/+/changes"], protocol=mqtt.MQTTv311)
+    new = subscribers(mosquitto, [f"{PREFIX}/+/changes"], protocol=mqtt.MQTTv5)
+    await old.subscribed()
+    await new.subscribed()
+    await append(sqlite_log, C1, 3)
     pusher = MqttPusher(
         mosquitto.url,
         sqlite_log,
+        topic_prefix=PREFIX,
         protocol="3.1.1",
-        signer=outbound.Signer("k1", b"s3cret"),
+        signer=outbound.Signer("k1", keys["k1"]),
+        **FAST,
     )
     pusher.add_collection(C1)
-    with pytest.raises(SigningUnsupported, match=r"3\.1\.1"):
-        await pusher.run()
-    assert pusher.stats.published == 0
+    async with running(pusher):
+        await async_wait_for(lambda: old.seqs(C1) == [1, 2, 3] and new.seqs(C1) == [1, 2, 3])
+    assert pusher.protocol_in_use == "3.1.1"
+    for message in old.messages() + new.messages():
+        assert message.payload.endswith(b'"}')
+        body = json.loads(message.payload)  # a plain JSON reader is not disturbed
+        assert body[SIGNATURE_PROPERTY].startswith("k1:sha256=")
+        assert list(body)[-1] == SIGNATURE_PROPERTY
+        assert_signed_by(message, keys)
 
 
 async def test_mqtt_3_1_1_without_a_signer_delivers_plain_payloads(
@@ -740,51 +845,71 @@ async def test_auto_falls_back_to_3_1_1_when_the_broker_refuses_mqtt_5(
     sqlite_log: NotificationLog,
     mosquitto: Mosquitto,
     subscribers: Callable[..., Subscriber],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Refused once, remembered: a reconnect goes straight to 3.1.1, logged once, signed."""
+    keys = {"k1": b"s3cret"}
     subscriber = subscribers(mosquitto, [f"{PREFIX}/+/changes"])
     await subscriber.subscribed()
     await append(sqlite_log, C1, 3)
+    caplog.set_level("INFO", logger="rsnotify.transport.mqtt")
     async with Relay(mosquitto, refuse_mqtt5=True) as old_broker:
-        pusher = MqttPusher(old_broker.url, sqlite_log, topic_prefix=PREFIX, **FAST)
-        pusher.add_collection(C1)
-        async with running(pusher):
-            await async_wait_for(lambda: subscriber.seqs(C1) == [1, 2, 3])
-        assert pusher.protocol_in_use == "3.1.1"
-        assert old_broker.refused == 1 and old_broker.relayed == 1
-
-        # With a signing key the same fallback must stop the pusher, loudly.
-        signed = MqttPusher(
+        pusher = MqttPusher(
             old_broker.url,
             sqlite_log,
             topic_prefix=PREFIX,
-            signer=outbound.Signer("k1", b"s3cret"),
+            signer=outbound.Signer("k1", keys["k1"]),
             **FAST,
         )
-        signed.add_collection(C1)
-        await append(sqlite_log, C1, 2)
-        with pytest.raises(SigningUnsupported, match=r"only speaks MQTT 3\.1\.1"):
-            await asyncio.wait_for(signed.run(), 10)
-        assert signed.stats.published == 0
-    assert subscriber.seqs(C1) == [1, 2, 3]  # nothing unsigned went out
+        pusher.add_collection(C1)
+        async with running(pusher):
+            await async_wait_for(lambda: subscriber.seqs(C1) == [1, 2, 3])
+            old_broker.cut()  # a reconnect: the protocol that worked is remembered
+            await async_wait_for(lambda: pusher.stats.connections == 2)
+            await append(sqlite_log, C1, 1)
+            await async_wait_for(lambda: subscriber.seqs(C1)[-1:] == [4])
+        assert pusher.protocol_in_use == "3.1.1"
+        assert old_broker.refused == 1 and old_broker.relayed == 2
+    fallbacks = [r for r in caplog.records if "refused MQTT 5" in r.getMessage()]
+    assert len(fallbacks) == 1, [r.getMessage() for r in fallbacks]
+    for message in subscriber.messages():
+        assert_signed_by(message, keys)  # nothing unsigned went out on 3.1.1
 
 
 async def test_xml_payloads_parse_as_change_notifications(
     sqlite_log: NotificationLog,
-    mosquitto: Mosquitto,
+    broker: Broker,
     subscribers: Callable[..., Subscriber],
 ) -> None:
-    subscriber = subscribers(mosquitto, [f"{PREFIX}/+/changes"])
+    keys = {"k1": b"s3cret"}
+    subscriber = subscribers(broker, [f"{PREFIX}/+/changes"])
     await subscriber.subscribed()
     await append(sqlite_log, C1, 4)
-    pusher = MqttPusher(mosquitto.url, sqlite_log, topic_prefix=PREFIX, fmt="xml", **FAST)
+    pusher = MqttPusher(
+        broker.url,
+        sqlite_log,
+        topic_prefix=PREFIX,
+        fmt="xml",
+        signer=outbound.Signer("k1", keys["k1"]),
+        **FAST,
+    )
     pusher.add_collection(C1)
     async with running(pusher):
         await async_wait_for(lambda: len(subscriber.messages()) == 4)
     logged = await records(sqlite_log, C1)
+    # On 3.1.1 the signature is a processing instruction after the root element:
+    # the whole payload still parses as XML, and so do the signed bytes.
     decoded = [envelope.from_xml(m.payload) for m in subscriber.messages()]
     assert [n.seq for n in decoded] == [1, 2, 3, 4]
     for message, notification in zip(subscriber.messages(), decoded, strict=True):
-        assert message.properties.ContentType == "application/xml"
+        payload = assert_signed_by(message, keys)
+        assert envelope.from_xml(payload) == notification
+        if is_v5(broker):
+            assert message.properties.ContentType == "application/xml"
+        else:
+            assert (
+                message.payload.endswith(b"?>") and b"<?rsnotify-signature k1:" in message.payload
+            )
         assert notification.published is not None
         notification.published = None
         assert notification == envelope.from_json(logged[notification.seq].data)
@@ -820,6 +945,12 @@ async def test_bad_pusher_options_are_clear_errors(sqlite_log: NotificationLog) 
         {"window": 0},
         {"heartbeat": 0},
         {"topic_prefix": "a/#"},
+        {"topic_prefix": "example.org"},  # NATS refuses '.' in topics
+        {"topic_prefix": "my prefix"},
+        {"topic_prefix": "$SYS"},
+        {"topic_prefix": "a//b"},
+        {"topic_prefix": "x" * 65},
+        {"topic_prefix": "a/b/c/d/e"},
         {"tls_ca": "/nonexistent.pem"},  # TLS options with mqtt://
     ):
         with pytest.raises(TransportError):

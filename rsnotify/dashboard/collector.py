@@ -12,7 +12,8 @@ Two kinds of reading, each on its own connection:
 
 With ``--mqtt`` it also subscribes to the retained ``<prefix>/+/head``
 messages, whose heartbeat tells whether a publisher is alive even when it
-does not report to Redis.  The dashboard never writes to Redis.
+does not report to Redis (over MQTT 5 or 3.1.1, see :class:`MqttHeads`).
+The dashboard never writes to Redis.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class Collector:
         *,
         mqtt_url: str | None = None,
         topic_prefix: str = "resourcesync",
+        mqtt_protocol: str = "auto",
         on_samples: Callable[[list[LatencySample], list[dict[str, float]]], None] | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
@@ -121,7 +123,11 @@ class Collector:
             self._blocking = aioredis.Redis.from_url(redis_url, socket_connect_timeout=5.0)
         except ValueError as exc:
             raise RsNotifyError(f"{redis_url!r}: {exc}") from None
-        self.mqtt = MqttHeads(mqtt_url, topic_prefix, self._on_head) if mqtt_url else None
+        self.mqtt = (
+            MqttHeads(mqtt_url, topic_prefix, self._on_head, protocol=mqtt_protocol)
+            if mqtt_url
+            else None
+        )
         self.ok = False
         self.error: str | None = None
         self.last_ok: float | None = None
@@ -330,67 +336,78 @@ class Collector:
 
 
 class MqttHeads:
-    """Subscribes to every collection's retained head message (paho on its own thread)."""
+    """Subscribes to every collection's retained head message.
+
+    The connection (MQTT 5, 3.1.1 fallback, reconnects, one-line errors) is a
+    :class:`~rsnotify.transport.mqttlink.BrokerLink`.  Heads are read under
+    ``<prefix>/+/head`` whatever the topic naming (broker-safe or legacy);
+    the collection is the one the head names, and a head on a topic that is
+    not that collection's (safe or legacy) is ignored.
+    """
 
     def __init__(
-        self, url: str, prefix: str, on_head: Callable[[str, dict[str, Any]], None]
+        self,
+        url: str,
+        prefix: str,
+        on_head: Callable[[str, dict[str, Any]], None],
+        *,
+        protocol: str = "auto",
     ) -> None:
-        from ..transport.mqtturl import parse_broker_url
-
-        self.broker = parse_broker_url(url)
-        self.prefix = prefix
-        self.on_head = on_head
-        self._client: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.connected = False
-
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
         import os
 
-        import paho.mqtt.client as mqtt
-        from paho.mqtt.enums import CallbackAPIVersion
+        from ..transport.mqttlink import BrokerLink
+        from ..transport.mqtturl import parse_broker_url
+        from ..transport.topics import Topics
 
-        self._loop = loop
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
+        self.broker = parse_broker_url(url)
+        self.topics = Topics(prefix)
+        self.prefix = self.topics.prefix
+        self.on_head = on_head
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.link = BrokerLink(
+            self.broker,
             client_id=f"rsnotify-dashboard-{os.getpid()}-{id(self) & 0xFFFF:x}",
-            reconnect_on_failure=True,
+            logger=log,
+            option="--mqtt",
+            protocol=protocol,
+            tls=ssl.create_default_context() if self.broker.tls else None,
+            reconnect_min=1.0,
+            reconnect_max=10.0,
+            setup=self._setup,
+            on_connack=self._on_connack,
         )
-        if self.broker.username is not None:
-            client.username_pw_set(self.broker.username, self.broker.password)
-        if self.broker.tls:
-            client.tls_set_context(ssl.create_default_context())
-        client.reconnect_delay_set(min_delay=1, max_delay=10)
-        topic = f"{self.prefix}/+/head"
 
-        def on_connect(c: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
-            if not reason.is_failure:
-                self.connected = True
-                c.subscribe(topic, qos=0)
+    @property
+    def connected(self) -> bool:
+        return self.link.connected
 
-        def on_disconnect(_c: Any, _u: Any, _f: Any, _r: Any, _p: Any) -> None:
-            self.connected = False
+    def _setup(self, client: Any, _conn: int) -> None:
+        client.on_message = self._on_message
 
-        def on_message(_c: Any, _u: Any, message: Any) -> None:
-            parts = message.topic.split("/")
-            if len(parts) < 3 or parts[-1] != "head":
-                return
-            try:
-                body = json.loads(message.payload)
-            except ValueError:
-                return
-            if isinstance(body, dict) and self._loop is not None:
-                self._loop.call_soon_threadsafe(self.on_head, parts[-2], body)
+    def _on_connack(self, client: Any, _conn: int, _props: Any) -> None:
+        client.subscribe(self.topics.head_filter(), qos=0)
 
-        client.on_connect = on_connect
-        client.on_disconnect = on_disconnect
-        client.on_message = on_message
-        client.connect_async(self.broker.host, self.broker.port, keepalive=30)
-        client.loop_start()
-        self._client = client
+    def _on_message(self, _c: Any, _u: Any, message: Any) -> None:
+        from ..collection import is_valid_collection_id
+        from ..transport import mqttsig
+
+        payload, _signature = mqttsig.detach(message.payload)
+        try:
+            body = json.loads(payload)
+        except ValueError:
+            return
+        collection = body.get("collection") if isinstance(body, dict) else None
+        if not isinstance(collection, str) or not is_valid_collection_id(collection):
+            return
+        if message.topic not in (self.topics.head(collection), f"{self.prefix}/{collection}/head"):
+            return  # a head claiming another collection's name
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(self.on_head, collection, body)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.link.start()
 
     async def stop(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await asyncio.to_thread(client.disconnect)
-            await asyncio.to_thread(client.loop_stop)
+        await self.link.stop()

@@ -9,6 +9,7 @@ import signal
 
 from ..errors import RsNotifyError
 from ..logs import setup as setup_logging
+from ..transport.topics import prefix_argument, protocol_argument
 from .server import Dashboard, DashboardConfig
 
 NAME = "dashboard"
@@ -49,7 +50,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="also read publisher heartbeats from the retained <prefix>/<collection>/head",
     )
-    parser.add_argument("--topic-prefix", default="resourcesync", help="MQTT topic prefix")
+    parser.add_argument(
+        "--topic-prefix",
+        type=prefix_argument,
+        default="resourcesync",
+        help="MQTT topic prefix (default resourcesync)",
+    )
+    parser.add_argument(
+        "--mqtt-protocol",
+        type=protocol_argument,
+        default="auto",
+        help="MQTT version: auto (5, falling back to 3.1.1 when refused; default), 5 or 3.1.1",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
     parser.add_argument("--port", type=_port, default=8080, help="port; 0 picks a free one")
     parser.add_argument(
@@ -102,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             redis=args.redis,
             mqtt=args.mqtt,
             topic_prefix=args.topic_prefix,
+            mqtt_protocol=args.mqtt_protocol,
             host=args.host,
             port=args.port,
             interval=args.interval,

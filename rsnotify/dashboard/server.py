@@ -58,6 +58,7 @@ class DashboardConfig:
     redis: str
     mqtt: str | None = None
     topic_prefix: str = "resourcesync"
+    mqtt_protocol: str = "auto"  # "auto" (5, falling back to 3.1.1 when refused), "5", "3.1.1"
     host: str = "127.0.0.1"
     port: int = 8080
     interval: float = 1.0
@@ -84,6 +85,7 @@ class Dashboard:
             self.state,
             mqtt_url=config.mqtt,
             topic_prefix=config.topic_prefix,
+            mqtt_protocol=config.mqtt_protocol,
             on_samples=self.metrics.samples_seen,
             on_event=self.metrics.event,
         )
@@ -141,7 +143,12 @@ class Dashboard:
             },
             "mqtt": None
             if self.collector.mqtt is None
-            else {"connected": self.collector.mqtt.connected},
+            else {
+                "connected": self.collector.mqtt.connected,
+                # connecting / connected / refused / unreachable / lost, and why
+                "state": self.collector.mqtt.link.state.state,
+                "reason": self.collector.mqtt.link.state.reason,
+            },
             "interval": self.config.interval,
             "clients": self.clients,
             "version": self.version + 1,

@@ -12,6 +12,7 @@ from ..config import add_lenient_option, lenient_rules
 from ..log import Retention
 from ..logs import setup as setup_logging
 from ..report import url_argument
+from ..transport.topics import prefix_argument, protocol_argument
 from . import service
 from .service import PublisherConfig
 
@@ -98,7 +99,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     push.add_argument(
         "--mqtt-insecure", action="store_true", help="do not verify the broker's TLS name"
     )
-    push.add_argument("--topic-prefix", default="resourcesync", help="MQTT topic prefix")
+    push.add_argument(
+        "--topic-prefix",
+        type=prefix_argument,
+        default="resourcesync",
+        help="MQTT topic prefix: levels of letters, digits, '-' and '_' (default resourcesync)",
+    )
+    push.add_argument(
+        "--mqtt-protocol",
+        type=protocol_argument,
+        default="auto",
+        help="MQTT version: auto (5, falling back to 3.1.1 when refused; default), 5 or 3.1.1",
+    )
+    push.add_argument(
+        "--legacy-topics",
+        action="store_true",
+        help="publish on the old topic names <prefix>/<collection id>/... (dots included) "
+        "for Destinations not yet upgraded; brokers such as NATS refuse them",
+    )
     push.add_argument("--ws", metavar="HOST:PORT", help="serve WebSocket clients here")
     push.add_argument(
         "--ws-token",
@@ -300,6 +318,8 @@ def run(args: argparse.Namespace) -> int:
         watch=args.watch,
         lenient=lenient_rules(args),
         topic_prefix=args.topic_prefix,
+        mqtt_protocol=args.mqtt_protocol,
+        legacy_topics=args.legacy_topics,
         heartbeat=args.heartbeat,
         retention=args.retain,
         fmt=args.format,

@@ -89,6 +89,8 @@ class PublisherConfig:
     publisher_id: str = field(default_factory=lambda: f"{os.uname().nodename}:{os.getpid()}")
     mqtt_tls_ca: str | None = None
     mqtt_tls_insecure: bool = False
+    mqtt_protocol: str = "auto"  # "auto" (5, falling back to 3.1.1 when refused), "5", "3.1.1"
+    legacy_topics: bool = False  # MQTT topics <prefix>/<collection id>/... (see transport.topics)
     write_hubs: bool = False  # directory SOURCE: add the hub links to the Capability Lists
     report: str | None = None  # redis:// URL: heartbeat and heads for `rsnotify dashboard`
     ha: bool = False  # campaign for leadership through Redis; only the leader publishes
@@ -329,6 +331,9 @@ class Publisher:
                 tls_insecure=config.mqtt_tls_insecure,
                 on_published=self._on_mqtt_published,
                 renderer=self.renderer,
+                protocol=config.mqtt_protocol,
+                legacy_topics=config.legacy_topics,
+                publisher_id=config.publisher_id,
             )
             for collection in self.collections:
                 self._mqtt.add_collection(collection)
@@ -513,12 +518,12 @@ class Publisher:
         broker_url = config.mqtt or config.mqtt_hub
         if broker_url:
             from ..transport.mqtturl import parse_broker_url
+            from ..transport.topics import Topics
 
             broker = parse_broker_url(broker_url)
             host = f"[{broker.host}]" if ":" in broker.host else broker.host
-            hrefs.append(
-                f"{broker.scheme}://{host}:{broker.port}/{config.topic_prefix}/{collection}/changes"
-            )
+            topic = Topics(config.topic_prefix, legacy=config.legacy_topics).changes(collection)
+            hrefs.append(f"{broker.scheme}://{host}:{broker.port}/{topic}")
         if config.ws and self.ws_port is not None:
             host = config.ws.rpartition(":")[0] or "127.0.0.1"
             scheme = "wss" if config.ws_cert else "ws"

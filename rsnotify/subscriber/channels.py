@@ -6,9 +6,12 @@ connection up with backoff and jitter.  Decoding, verification, ordering and
 gap handling happen in the engine, one task per collection.
 
 MQTT uses a persistent session (MQTT 5 ``clean_start=False`` with a session
-expiry), so QoS 1 messages published while the subscriber is away are queued
-by the broker; paho acknowledges a message once it is handed to the engine's
-queue.  If the broker drops queued messages (Mosquitto's
+expiry; MQTT 3.1.1 ``clean_session=False`` when the broker refuses 5), so QoS
+1 messages published while the subscriber is away are queued by the broker;
+paho acknowledges a message once it is handed to the engine's queue.  It
+reads each collection's broker-safe topics and its legacy ones
+(:class:`~rsnotify.transport.topics.Topics`), so it follows old and new
+publishers alike.  If the broker drops queued messages (Mosquitto's
 ``max_queued_messages``), the sequence jump shows it and the engine catches
 up from the Change List Index.
 
@@ -25,22 +28,22 @@ import contextlib
 import json
 import logging
 import ssl
-import sys
 import threading
 from collections.abc import Callable, Mapping
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import paho.mqtt.client as mqtt
 import websockets
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from .. import w3cdt
 from ..backoff import Backoff
 from ..envelope import SIGNATURE_PROPERTY, InvalidNotification
-from ..transport import wsproto
+from ..transport import mqttsig, wsproto
+from ..transport.mqttlink import BrokerLink, LinkState
+from ..transport.mqttproblems import subscribe_refused
 from ..transport.mqtturl import parse_broker_url
+from ..transport.topics import Topics
 from . import events as ev
 
 log = logging.getLogger("rsnotify.subscribe")
@@ -76,7 +79,16 @@ def client_tls_context(cafile: str) -> ssl.SSLContext:
 
 
 class MqttChannel:
-    """One MQTT connection carrying every subscribed collection."""
+    """One MQTT connection carrying every subscribed collection.
+
+    The connection itself (MQTT 5 with a 3.1.1 fallback, reconnects with
+    backoff, one-line errors) is a :class:`~rsnotify.transport.mqttlink.BrokerLink`;
+    this class subscribes, routes messages to their collection's engine and
+    turns the link's state into events: :class:`~.events.Connected`,
+    :class:`~.events.Disconnected` (an established connection was lost) and
+    :class:`~.events.Unavailable` (refused with the broker's reason, or
+    unreachable), for every collection it carries.
+    """
 
     def __init__(
         self,
@@ -88,23 +100,49 @@ class MqttChannel:
         tls_ca: str | None = None,
         tls_insecure: bool = False,
         keepalive: int = 15,
+        protocol: str = "auto",
+        reconnect_min: float = 0.5,
+        reconnect_max: float = 10.0,
     ) -> None:
         self.broker = parse_broker_url(url)
         self.sinks = dict(sinks)
-        self.prefix = topic_prefix
+        self.topics = Topics(topic_prefix)
+        self.prefix = self.topics.prefix
         self.client_id = client_id
         self.keepalive = keepalive
-        self._tls_ca = tls_ca
-        self._tls_insecure = tls_insecure
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._client: mqtt.Client | None = None
         self._routes: dict[str, tuple[str, str]] = {}
+        self._legacy: set[str] = set()  # pre-safe names, read beside the safe ones
+        self._requested: dict[int, list[str]] = {}  # SUBSCRIBE message id -> its topics
         self._handoff: list[tuple[Callable[[ev.Event], None], ev.Event]] = []
         self._handoff_lock = threading.Lock()
         self._handoff_scheduled = False
         for collection in self.sinks:
-            self._routes[f"{self.prefix}/{collection}/changes"] = (collection, "changes")
-            self._routes[f"{self.prefix}/{collection}/head"] = (collection, "head")
+            for topic, kind, legacy in self.topics.read(collection):
+                self._routes[topic] = (collection, kind)
+                if legacy:
+                    self._legacy.add(topic)
+        tls = None
+        if self.broker.tls:
+            tls = ssl.create_default_context(cafile=tls_ca)
+            if tls_insecure:
+                tls.check_hostname = False
+                tls.verify_mode = ssl.CERT_NONE
+        self.link = BrokerLink(
+            self.broker,
+            client_id=client_id,
+            logger=log,
+            option="--via",
+            protocol=protocol,
+            keepalive=keepalive,
+            tls=tls,
+            session_expiry=SESSION_EXPIRY,
+            reconnect_min=reconnect_min,
+            reconnect_max=reconnect_max,
+            setup=self._setup,
+            on_connack=self._on_connack,
+            on_state=self._on_state,
+        )
 
     def _post(self, collection: str, event: ev.Event) -> None:
         """Hand an event from paho's thread to the loop, in order.
@@ -135,81 +173,71 @@ class MqttChannel:
         for collection in self.sinks:
             self._post(collection, event)
 
+    # The link's state, on the loop (through the same hand-off, to stay in order).
+
+    def _on_state(self, state: LinkState) -> None:
+        if state.state == "connected":
+            self._broadcast(ev.Connected(session_present=state.session_present))
+        elif state.state == "lost":
+            self._broadcast(ev.Disconnected(f"MQTT: {state.reason}"))
+        elif state.state in ("refused", "unreachable"):
+            kind: Literal["refused", "unreachable"] = (
+                "refused" if state.state == "refused" else "unreachable"
+            )
+            self._broadcast(ev.Unavailable(kind, state.reason, state.retry_in))
+
     # paho callbacks run on paho's thread: route and enqueue only.
 
-    def _on_connect(self, client, userdata, flags, reason, properties) -> None:  # type: ignore[no-untyped-def]
-        if reason.is_failure:
-            log.warning("MQTT connection to %s refused: %s", self.broker.redacted(), reason)
-            return
-        client.subscribe([(topic, 1) for topic in self._routes])
-        self._broadcast(ev.Connected(session_present=bool(flags.session_present)))
+    def _setup(self, client: mqtt.Client, _conn: int) -> None:
+        client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
 
-    def _on_connect_fail(self, client, userdata) -> None:  # type: ignore[no-untyped-def]
-        # paho retries a failed TCP/TLS connect silently; it calls this from inside
-        # its except block, so the exception (e.g. an unknown CA) is still at hand.
-        exc = sys.exc_info()[1]
-        why = f"{type(exc).__name__}: {exc}" if exc is not None else "no connection"
-        log.warning("MQTT connection to %s failed: %s", self.broker.redacted(), why)
+    def _on_connack(self, client: mqtt.Client, _conn: int, _props: object) -> None:
+        topics = list(self._routes)
+        _rc, mid = client.subscribe([(topic, 1) for topic in topics])
+        if mid is not None:
+            self._requested[mid] = topics
 
-    def _on_disconnect(self, client, userdata, flags, reason, properties) -> None:  # type: ignore[no-untyped-def]
-        self._broadcast(ev.Disconnected(f"MQTT: {reason}"))
+    def _on_subscribe(self, client, userdata, mid, reasons, properties) -> None:  # type: ignore[no-untyped-def]
+        topics = self._requested.pop(mid, [])
+        for topic, reason in zip(topics, reasons, strict=False):
+            if not reason.is_failure:
+                continue
+            if topic in self._legacy:  # e.g. NATS refuses the old names' dots: expected
+                log.debug("MQTT: legacy topic %s refused (%s)", topic, reason)
+                continue
+            line = subscribe_refused(topic, reason.getName(), self.link.context)
+            log.warning("%s", line)
+            collection, _kind = self._routes[topic]
+            self._post(collection, ev.Unavailable("refused", line))
 
     def _on_message(self, client, userdata, message) -> None:  # type: ignore[no-untyped-def]
         route = self._routes.get(message.topic)
         if route is None:
             return
         collection, kind = route
-        if kind == "head":
-            head = _head_event(message.payload)
-            if head is not None:
-                self._post(collection, head)
-            return
         signature = None
         props = getattr(message, "properties", None)
         for name, value in getattr(props, "UserProperty", None) or ():
             if name == SIGNATURE_PROPERTY:
                 signature = value
-        self._post(collection, ev.Message(payload=message.payload, signature=signature))
+        payload = message.payload
+        if signature is None:  # MQTT 3.1.1: the signature may trail the payload
+            payload, signature = mqttsig.detach(payload)
+        if kind == "head":
+            head = _head_event(payload)
+            if head is not None:
+                self._post(collection, head)
+            return
+        self._post(collection, ev.Message(payload=payload, signature=signature))
 
     def start(self) -> None:
-        """Connect in the background; paho reconnects with backoff on its own thread."""
+        """Connect in the background; the link reconnects with backoff."""
         self._loop = asyncio.get_running_loop()
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
-            protocol=mqtt.MQTTv5,
-            reconnect_on_failure=True,
-        )
-        if self.broker.username is not None:
-            client.username_pw_set(self.broker.username, self.broker.password)
-        if self.broker.tls:
-            context = ssl.create_default_context(cafile=self._tls_ca)
-            if self._tls_insecure:
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            client.tls_set_context(context)
-        client.reconnect_delay_set(min_delay=1, max_delay=10)
-        client.on_connect = self._on_connect
-        client.on_connect_fail = self._on_connect_fail
-        client.on_disconnect = self._on_disconnect
-        client.on_message = self._on_message
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = SESSION_EXPIRY
-        client.connect_async(
-            self.broker.host,
-            self.broker.port,
-            keepalive=self.keepalive,
-            clean_start=False,
-            properties=props,
-        )
-        client.loop_start()
-        self._client = client
+        self.link.start()
 
     async def stop(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await asyncio.to_thread(client.disconnect)
-            await asyncio.to_thread(client.loop_stop)
+        await self.link.stop()
 
 
 class WebSocketChannel:

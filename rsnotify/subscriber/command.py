@@ -10,6 +10,7 @@ from .. import httpoptions
 from ..config import add_lenient_option
 from ..logs import setup as setup_logging
 from ..report import url_argument
+from ..transport.topics import prefix_argument, protocol_argument
 from . import service
 from .service import SubscriberConfig
 from .trust import DEFAULT_MAX_SKEW
@@ -75,7 +76,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="follow only these (repeatable)",
     )
     parser.add_argument(
-        "--topic-prefix", help="MQTT topic prefix (default: from the advertised hub)"
+        "--topic-prefix",
+        type=prefix_argument,
+        help="MQTT topic prefix (default: from the advertised hub)",
     )
     parser.add_argument(
         "--concurrency", type=int, default=16, help="resources fetched at once (default 16)"
@@ -153,6 +156,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mqtt-ca", metavar="FILE")
     parser.add_argument("--mqtt-insecure", action="store_true")
     parser.add_argument(
+        "--mqtt-protocol",
+        type=protocol_argument,
+        default="auto",
+        help="MQTT version: auto (5, falling back to 3.1.1 when refused; default), 5 or 3.1.1",
+    )
+    parser.add_argument(
         "--ws-ca", metavar="FILE", help="CA certificate for wss:// (default: the system store)"
     )
     parser.add_argument("--metrics-port", type=int)
@@ -194,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
         redis=args.redis,
         mqtt_tls_ca=args.mqtt_ca,
         mqtt_tls_insecure=args.mqtt_insecure,
+        mqtt_protocol=args.mqtt_protocol,
         ws_tls_ca=args.ws_ca,
         retries=args.retries,
         callback=args.callback,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,22 @@ class Disconnected:
 
 
 @dataclass(frozen=True, slots=True)
+class Unavailable:
+    """The channel cannot deliver: the broker ``refused`` it or is ``unreachable``.
+
+    Sent on every failed connection attempt (``retry_in``: seconds until the
+    channel tries again by itself) and when the broker refuses a subscription
+    (``retry_in`` None: nothing will arrive on it until the next connection).
+    ``reason`` is one line that says what to change (bad credentials, a
+    protocol the broker refuses, a refused topic, nothing listening...).
+    """
+
+    state: Literal["refused", "unreachable"]
+    reason: str
+    retry_in: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Skipped:
     """The server dropped ``first..resume-1`` because this client was too slow."""
 
@@ -72,4 +89,6 @@ class Overflow:
     """The channel dropped events because the engine's queue was full."""
 
 
-Event = Message | Head | Connected | Disconnected | Skipped | TooOld | Invalid | Overflow
+Event = (
+    Message | Head | Connected | Disconnected | Unavailable | Skipped | TooOld | Invalid | Overflow
+)

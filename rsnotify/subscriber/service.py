@@ -34,6 +34,7 @@ from ..publisher.access import HttpAccess
 from ..publisher.watcher import CollectionWatcher
 from ..report import SubscriberReporter
 from ..tracker import Checkpoint
+from ..transport.topics import prefix_of
 from .applier import Applier, Hooks
 from .baseline import baseline
 from .channels import MqttChannel, WebSocketChannel, client_tls_context
@@ -75,6 +76,7 @@ class SubscriberConfig:
     redis: str | None = None  # redis:// URL: keep the cursors there instead of SQLite
     mqtt_tls_ca: str | None = None
     mqtt_tls_insecure: bool = False
+    mqtt_protocol: str = "auto"  # "auto" (5, falling back to 3.1.1), "5" or "3.1.1"
     ws_tls_ca: str | None = None  # CA file for wss:// gateways (None: the system store)
     retries: int = 5
     callback: str | None = None  # --via websub: this Destination's callback base URL
@@ -286,9 +288,8 @@ class Subscriber:
         if mqtt_sinks and mqtt_url is not None:
             broker = urlsplit(mqtt_url)
             prefix = config.topic_prefix
-            if prefix is None:  # from the advertised topic: <prefix>/<collection>/changes
-                topic = broker.path.lstrip("/")
-                prefix = topic.split("/")[0] if topic else "resourcesync"
+            if prefix is None:  # from the advertised topic: <prefix>/<level>/changes
+                prefix = prefix_of(broker.path) or "resourcesync"
             url = f"{broker.scheme}://{broker.netloc}"
             # One persistent session per mirror.  Keep the id's tail when shortening
             # it to 64 characters: the tail (path end and digest) tells mirrors apart.
@@ -302,6 +303,7 @@ class Subscriber:
                     client_id=client_id,
                     tls_ca=config.mqtt_tls_ca,
                     tls_insecure=config.mqtt_tls_insecure,
+                    protocol=config.mqtt_protocol,
                 )
             )
         if self._channels and not config.secrets:

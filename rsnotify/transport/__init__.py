@@ -8,6 +8,10 @@ the transport resends from its cursor, so Destinations may see a sequence
 number twice (they deduplicate) but never miss one.
 
 * :mod:`.mqtt` -- MQTT 5 (3.1.1 fallback) through paho-mqtt, QoS 1, in order.
+* :mod:`.mqttlink` -- the connection loop every MQTT client shares (fallback,
+  backoff, state); :mod:`.mqttproblems` -- its one-line errors.
+* :mod:`.mqttsig` -- the signature trailer of MQTT 3.1.1 payloads.
+* :mod:`.topics` -- broker-safe topic names.
 * :mod:`.mqtturl` -- parsing ``mqtt://`` / ``mqtts://`` broker URLs.
 """
 
@@ -22,11 +26,3 @@ class TransportError(RsNotifyError):
 
 class InvalidBrokerURL(TransportError):
     """A broker URL that rsnotify cannot connect to (wrong scheme, bad port, stray path)."""
-
-
-class SigningUnsupported(TransportError):
-    """Signing was asked for on a channel that cannot carry a signature (MQTT 3.1.1).
-
-    Raised instead of publishing unsigned data: a Destination that requires
-    signatures would drop every message and silently fall back to polling.
-    """

@@ -1,8 +1,9 @@
 """The MQTT transport: tail the log, publish each notification at QoS 1, in order.
 
-Per collection the pusher publishes ``<prefix>/<collection>/changes`` (one
-message per sequence number, strictly in sequence order) and keeps a retained
-``<prefix>/<collection>/head`` message (latest seq, earliest retained seq,
+Per collection the pusher publishes ``<prefix>/<level>/changes`` (one
+message per sequence number, strictly in sequence order; ``<level>`` is the
+collection's broker-safe topic level, :mod:`.topics`) and keeps a retained
+``<prefix>/<level>/head`` message (latest seq, earliest retained seq,
 heartbeat time) refreshed every ``heartbeat`` seconds and right after each
 (re)connect, so a Destination can tell at connect time whether it missed
 anything and whether the publisher is alive.
@@ -35,16 +36,25 @@ connection, duplicates allowed (subscribers deduplicate by seq), never a gap.
 paho's own queue is capped at ``2 * window`` (``max_queued_messages_set``) as
 a second fence.
 
-Reconnects back off exponentially with jitter (``reconnect_min`` doubling to
-``reconnect_max``, each delay drawn from [d/2, d]); the broker being down at
-start-up is just the first failed attempt.
+Connecting, reconnecting (exponential backoff with jitter from
+``reconnect_min`` to ``reconnect_max``; the broker being down at start-up is
+just the first failed attempt), the MQTT 5 to 3.1.1 fallback and the one-line
+errors are :class:`~.mqttlink.BrokerLink`'s, shared with the subscriber and
+the dashboard.
 
 Protocol.  MQTT 5 first: the signature travels as a user property named
 :data:`rsnotify.envelope.SIGNATURE_PROPERTY`, with the content type set.  If
 the broker answers "unsupported protocol version", ``protocol="auto"`` falls
-back to 3.1.1, which has no properties: with a signer configured the pusher
-then refuses to run (:class:`~rsnotify.transport.SigningUnsupported`) rather
-than publish unsigned data that signature-checking Destinations would drop.
+back to 3.1.1, which has no properties: the signature then travels at the
+end of the payload, in the payload format's own syntax
+(:mod:`.mqttsig`).  QoS 1, order and the retained head need nothing of
+MQTT 5.  The retained head names the publisher by ``publisher_id`` (what it
+reports to the dashboard), never by its MQTT client id: anyone reading the
+head could otherwise connect with that id and push the publisher off the
+broker (MQTT 3.1.1 section 3.1.4: the broker drops the older connection).
+
+Topics.  :class:`~.topics.Topics`: broker-safe levels by default, the old
+``<prefix>/<collection id>/...`` names with ``legacy_topics``.
 """
 
 from __future__ import annotations
@@ -70,31 +80,30 @@ from ..collection import is_valid_collection_id
 from ..envelope import SIGNATURE_PROPERTY
 from ..errors import RsNotifyError
 from ..log import LogRecord, LogUnavailable, NotificationLog
-from . import InvalidBrokerURL, SigningUnsupported, TransportError
+from . import InvalidBrokerURL, TransportError, mqttproblems, mqttsig
+from .mqttlink import BrokerLink, LinkState, LinkStats, check_protocol
 from .mqtturl import BrokerURL, parse_broker_url
+from .topics import Topics
 
 logger = logging.getLogger(__name__)
 
 CURSOR_NAME = "mqtt"
 CONTENT_TYPES = {"json": "application/json", "xml": "application/xml"}
-PROTOCOLS = {"auto": mqtt.MQTTv5, "5": mqtt.MQTTv5, "3.1.1": mqtt.MQTTv311}
-PROTOCOL_NAMES = {mqtt.MQTTv5: "5", mqtt.MQTTv311: "3.1.1"}
-#: CONNACK "Unsupported protocol version" (paho maps a 3.1.1 broker's return code 1 to it).
-UNSUPPORTED_PROTOCOL_VERSION = 0x84
 MAX_WINDOW = 10_000  # far below paho's 65535 message ids
 LOG_WAIT_S = 1.0  # how long one log.wait blocks; bounds how stale a lane's view can get
-CLOSE_TIMEOUT_S = 3.0
 
 #: ``on_published(collection, seq, rendered_payload_len, publish_latency_s)``
 PublishedCallback = Callable[[str, int, int, float], None]
 
 
 @dataclass(slots=True)
-class MqttStats:
-    """Counters for logs, the dashboard and tests (monotonic over a pusher's life)."""
+class MqttStats(LinkStats):
+    """Counters for logs, the dashboard and tests (monotonic over a pusher's life).
 
-    connect_attempts: int = 0
-    connections: int = 0
+    ``connect_attempts`` and ``connections`` (from :class:`LinkStats`) are
+    counted by the link.
+    """
+
     published: int = 0  # notifications handed to paho, resends included
     acked: int = 0  # notifications PUBACKed
     refused: int = 0  # PUBACKs with a failure reason (e.g. not authorised by an ACL)
@@ -207,8 +216,9 @@ class MqttPusher:
     """Push every logged notification of the added collections to an MQTT broker.
 
     Use: ``add_collection(c)`` (also while running), ``await run()`` until
-    ``await stop()``.  ``run()`` only raises for problems retrying cannot fix
-    (:class:`SigningUnsupported`); an unreachable broker or log is retried.
+    ``await stop()``.  An unreachable or refusing broker, and an unavailable
+    log, are retried (and said so, one line each); ``run()`` raises only for a
+    bug.
     """
 
     def __init__(
@@ -235,6 +245,8 @@ class MqttPusher:
         reconnect_min: float = 0.25,
         reconnect_max: float = 30.0,
         renderer: outbound.Renderer | None = None,
+        legacy_topics: bool = False,
+        publisher_id: str | None = None,
     ) -> None:
         self.broker: BrokerURL = parse_broker_url(url)
         if self.broker.topic:
@@ -244,15 +256,17 @@ class MqttPusher:
             )
         if fmt not in CONTENT_TYPES:
             raise TransportError(f"unknown notification format {fmt!r} (json or xml)")
-        if protocol not in PROTOCOLS:
-            raise TransportError(f"unknown MQTT protocol {protocol!r} (auto, 5 or 3.1.1)")
+        check_protocol(protocol)
         if not 1 <= window <= MAX_WINDOW:
             raise TransportError(f"window must be between 1 and {MAX_WINDOW}, not {window}")
         if not heartbeat > 0:
             raise TransportError(f"heartbeat must be positive, not {heartbeat}")
-        prefix = topic_prefix.strip("/")
-        if not prefix or any(ch in prefix for ch in "+#\0") or prefix.startswith("$"):
-            raise TransportError(f"invalid MQTT topic prefix {topic_prefix!r}")
+        self.topics = Topics(topic_prefix, legacy=legacy_topics)
+        if signer is not None:
+            try:
+                mqttsig.check_key_id(signer.key_id)
+            except mqttsig.TrailerUnsupported as exc:
+                raise TransportError(f"signing key id: {exc}") from None
         has_tls_options = tls_ca or tls_cert or tls_key or tls_insecure
         if has_tls_options and not self.broker.tls:
             raise TransportError("TLS options need an mqtts:// broker URL")
@@ -260,7 +274,7 @@ class MqttPusher:
             _tls_context(tls_ca, tls_cert, tls_key, tls_insecure) if self.broker.tls else None
         )
         self.log = log
-        self.topic_prefix = prefix
+        self.topic_prefix = self.topics.prefix
         self.fmt = fmt
         self.signer = signer
         # Shared with the publisher's other transports when it passes one.
@@ -268,8 +282,10 @@ class MqttPusher:
         if (self.renderer.fmt, self.renderer.signer) != (fmt, signer):
             raise TransportError("the renderer must use the pusher's format and signer")
         self.heartbeat = heartbeat
-        # <= 23 characters: the limit every MQTT 3.1.1 broker must accept.
+        # <= 23 characters: the limit every MQTT 3.1.1 broker must accept.  Never
+        # published (see the module docstring): the head carries publisher_id.
         self.client_id = client_id or f"rsnotify-{uuid.uuid4().hex[:12]}"
+        self.publisher_id = publisher_id or f"publisher-{uuid.uuid4().hex[:12]}"
         self.window = window
         self.protocol = protocol
         self.on_published = on_published
@@ -280,12 +296,30 @@ class MqttPusher:
         self.reconnect_min = reconnect_min
         self.reconnect_max = reconnect_max
         self.stats = MqttStats()
+        self.link = BrokerLink(
+            self.broker,
+            client_id=self.client_id,
+            logger=logger,
+            option="--mqtt",
+            protocol=protocol,
+            keepalive=keepalive,
+            connect_timeout=connect_timeout,
+            tls=self._tls,
+            reconnect_min=reconnect_min,
+            reconnect_max=reconnect_max,
+            stats=self.stats,
+            setup=self._setup_client,
+            on_connack=self._on_connack,
+            on_state=self._on_link_state,
+        )
 
         self._lanes: dict[str, _Lane] = {}
-        self._client: mqtt.Client | None = None
-        self._client_protocol: int | None = None
         self._plain_properties: dict[str, Properties] = {}
-        self._conn = 0  # id of the current paho client; events of older ones are ignored
+        # What the current connection has done: a broker that closes it after
+        # PUBLISHes without acknowledging any is refusing them (MQTT 3.1.1).
+        self._conn_published = 0
+        self._conn_acked = 0
+        self._last_topic = ""
         self._epoch = 0  # bumped on every connect and disconnect
         self._connected = False
         self._window: dict[int, _Sent] = {}  # paho message id -> what it carries
@@ -299,7 +333,6 @@ class MqttPusher:
         self._heads_wanted = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pulse = _Pulse()
-        self._events: asyncio.Queue[tuple[int, str, ReasonCode | None]] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
         self._running = False
         self._stopping = False
@@ -316,7 +349,16 @@ class MqttPusher:
     @property
     def protocol_in_use(self) -> str | None:
         """``"5"`` or ``"3.1.1"``: what the current (or last) connection speaks."""
-        return PROTOCOL_NAMES.get(self._client_protocol) if self._client_protocol else None
+        return self.link.protocol_in_use
+
+    @property
+    def link_state(self) -> LinkState:
+        """The connection's state and, when refused or unreachable, the reason."""
+        return self.link.state
+
+    @property
+    def _client(self) -> mqtt.Client | None:
+        return self.link.client
 
     @property
     def in_flight(self) -> int:
@@ -324,10 +366,10 @@ class MqttPusher:
         return len(self._window)
 
     def topic(self, collection: str) -> str:
-        return f"{self.topic_prefix}/{collection}/changes"
+        return self.topics.changes(collection)
 
     def head_topic(self, collection: str) -> str:
-        return f"{self.topic_prefix}/{collection}/head"
+        return self.topics.head(collection)
 
     def add_collection(self, collection_id: str) -> None:
         """Push this collection too (idempotent; works before and during :meth:`run`)."""
@@ -353,14 +395,12 @@ class MqttPusher:
         """Connect, push, reconnect, ... until :meth:`stop`; then drain and disconnect."""
         if self._running:
             raise RuntimeError("MqttPusher.run() is already running")
-        if self.protocol == "3.1.1" and self.signer is not None:
-            raise self._signing_unsupported("protocol='3.1.1' was requested")
         self._loop = asyncio.get_running_loop()
         self._running = True
         self._failure = None
         self._done.clear()
         try:
-            self._spawn(self._connection_loop(), "mqtt-connection")
+            self._spawn(self.link.run(), "mqtt-connection")
             self._spawn(self._cursor_loop(), "mqtt-cursor")
             self._spawn(self._heartbeat_loop(), "mqtt-heartbeat")
             for lane in self._lanes.values():
@@ -430,10 +470,9 @@ class MqttPusher:
             lane.task = None
         with contextlib.suppress(RsNotifyError):
             await self._flush_cursors()
-        client, self._client = self._client, None
         self._connected = False
         self._window.clear()
-        await self._close_client(client)
+        await self.link.close()
         self._running = False
         self._done.set()
 
@@ -446,46 +485,11 @@ class MqttPusher:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
             loop.call_soon_threadsafe(fn, *args)
 
-    def _new_client(self, protocol: int) -> tuple[mqtt.Client, int]:
-        self._conn += 1
-        conn = self._conn
-        v5 = protocol == mqtt.MQTTv5
-        client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
-            clean_session=None if v5 else True,
-            protocol=protocol,
-            reconnect_on_failure=False,  # we reconnect, with jitter, on a fresh client
-        )
+    def _setup_client(self, client: mqtt.Client, conn: int) -> None:
+        """Limits and the PUBACK callback of each fresh paho client (the link makes them)."""
         client.max_inflight_messages_set(self.window)  # until the CONNACK says less
         # paho counts in-flight messages in its queue cap too.
         client.max_queued_messages_set(self._handed_max)
-        if self.broker.username is not None:
-            client.username_pw_set(self.broker.username, self.broker.password)
-        if self._tls is not None:
-            client.tls_set_context(self._tls)
-        client.connect_timeout = self.connect_timeout
-
-        def on_connect(
-            c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, props: Properties | None
-        ) -> None:
-            # MQTT 5 section 3.2.2.3.3: never more unacknowledged QoS 1 PUBLISHes
-            # than the broker's Receive Maximum (Mosquitto says 20; brokers that
-            # enforce it disconnect a client that sends more).  paho ignores it,
-            # and its setter refuses any change once connected (for fear of a
-            # switch to or from 0, "unlimited", which this is not), so the
-            # attribute is set directly, here in paho's thread, before the
-            # asyncio side can publish anything on this connection.
-            limit = getattr(props, "ReceiveMaximum", None) if props is not None else None
-            inflight = self.window
-            if isinstance(limit, int) and 0 < limit < inflight:
-                inflight = limit
-            c._max_inflight_messages = inflight
-            self.inflight_limit = inflight
-            self._post(self._on_connection_event, conn, "connack", reason)
-
-        def on_disconnect(_c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Any) -> None:
-            self._post(self._on_connection_event, conn, "disconnect", reason)
 
         def on_publish(_c: mqtt.Client, _u: Any, mid: int, reason: ReasonCode, _p: Any) -> None:
             # PUBACKs arrive thousands a second: queue them and wake the loop
@@ -498,19 +502,38 @@ class MqttPusher:
                 self._acks_scheduled = True
                 self._post(self._drain_acks)
 
-        client.on_connect = on_connect
-        client.on_disconnect = on_disconnect
         client.on_publish = on_publish
-        return client, conn
+
+    def _on_connack(self, client: mqtt.Client, _conn: int, props: Properties | None) -> None:
+        # MQTT 5 section 3.2.2.3.3: never more unacknowledged QoS 1 PUBLISHes
+        # than the broker's Receive Maximum (Mosquitto says 20; brokers that
+        # enforce it disconnect a client that sends more).  paho ignores it,
+        # and its setter refuses any change once connected (for fear of a
+        # switch to or from 0, "unlimited", which this is not), so the
+        # attribute is set directly, here in paho's thread, before the
+        # asyncio side can publish anything on this connection.  MQTT 3.1.1
+        # has no Receive Maximum: the window alone applies.
+        limit = getattr(props, "ReceiveMaximum", None) if props is not None else None
+        inflight = self.window
+        if isinstance(limit, int) and 0 < limit < inflight:
+            inflight = limit
+        client._max_inflight_messages = inflight
+        self.inflight_limit = inflight
 
     # -- events, on the asyncio loop ------------------------------------------------
 
-    def _on_connection_event(self, conn: int, kind: str, reason: ReasonCode | None) -> None:
-        if conn == self._conn and kind == "disconnect" and self._connected:
-            # At once, not when the connection task gets round to it: lanes must
-            # stop handing messages to a dead client now.
-            self._set_disconnected()
-        self._events.put_nowait((conn, kind, reason))
+    def _on_link_state(self, state: LinkState) -> None:
+        if state.state == "connected":
+            self._conn_published = self._conn_acked = 0
+            self._set_connected()
+        elif state.state == "lost":
+            if self._connected:
+                self._set_disconnected()
+            if self._conn_published and not self._conn_acked:
+                logger.warning(
+                    "%s", mqttproblems.closed_after_publish(self._last_topic, self.link.context)
+                )
+            logger.info("MQTT: resending from the acknowledged cursor once reconnected")
 
     def _drain_acks(self) -> None:
         self._acks_scheduled = False
@@ -524,11 +547,12 @@ class MqttPusher:
 
     def _on_ack(self, conn: int, mid: int, reason: ReasonCode) -> bool:
         """Book one PUBACK; True if it freed a window slot."""
-        if conn != self._conn or not self._connected:
+        if conn != self.link.conn or not self._connected:
             return False  # an older connection: its lanes were rewound, it will be resent
         sent = self._window.pop(mid, None)
         if sent is None:
             return False
+        self._conn_acked += 1
         lane = sent.lane
         if lane is None:
             if not reason.is_failure:
@@ -540,10 +564,11 @@ class MqttPusher:
             self.stats.refused += 1
             if not lane.refused:
                 logger.error(
-                    "MQTT: broker refused %s seq %d (%s); retrying from the cursor",
-                    lane.topic,
+                    "%s; seq %d and later wait (retrying from the cursor)",
+                    mqttproblems.publish_refused(
+                        lane.topic, reason.value, reason.getName(), self.link.context
+                    ),
                     sent.seq,
-                    reason.getName(),
                 )
             lane.refused = True
             return True
@@ -574,139 +599,9 @@ class MqttPusher:
         self._epoch += 1
         self._pulse.fire()
 
-    async def _next_event(self, conn: int) -> tuple[str, ReasonCode | None]:
-        while True:
-            event_conn, kind, reason = await self._events.get()
-            if event_conn == conn:
-                return kind, reason
-
-    # -- the connection ------------------------------------------------------------
-
-    def _signing_unsupported(self, why: str) -> SigningUnsupported:
-        message = (
-            f"MQTT broker {self.broker.redacted()}: {why}, and MQTT 3.1.1 cannot carry the "
-            "signature (an MQTT 5 user property); refusing to publish unsigned notifications. "
-            "Use an MQTT 5 broker, or run without a signing key."
-        )
-        logger.error("%s", message)
-        return SigningUnsupported(message)
-
-    async def _connection_loop(self) -> None:
-        protocol = PROTOCOLS[self.protocol]
-        failures = 0
-        while True:
-            if protocol == mqtt.MQTTv311 and self.signer is not None:
-                raise self._signing_unsupported("the broker only speaks MQTT 3.1.1")
-            outcome = await self._connect(protocol)
-            if outcome == "connected":
-                failures = 0
-                await self._serve()
-            elif (
-                outcome == "unsupported-protocol"
-                and self.protocol == "auto"
-                and protocol == mqtt.MQTTv5
-            ):
-                logger.warning(
-                    "MQTT broker %s refused MQTT 5; falling back to MQTT 3.1.1",
-                    self.broker.redacted(),
-                )
-                protocol = mqtt.MQTTv311
-                continue
-            else:
-                failures += 1
-            delay = min(self.reconnect_max, self.reconnect_min * 2 ** min(failures, 30))
-            await asyncio.sleep(random.uniform(delay / 2, delay))
-
-    async def _connect(self, protocol: int) -> str:
-        """One attempt: ``connected``, ``unsupported-protocol`` or ``failed``."""
-        client, conn = self._new_client(protocol)
-        old, self._client = self._client, client
-        self._client_protocol = protocol
-        await self._close_client(old)
-        self.stats.connect_attempts += 1
-        where = self.broker.redacted()
-        try:
-            # connect() resolves, opens TCP (and TLS) and sends CONNECT: blocking work.
-            await asyncio.to_thread(
-                client.connect,
-                self.broker.host,
-                self.broker.port,
-                self.keepalive,
-                # 3.1.1 takes its clean session from the Client (see _new_client).
-                **({"clean_start": True} if protocol == mqtt.MQTTv5 else {}),
-            )
-        except OSError as exc:  # refused, unreachable, timeout, TLS failure
-            logger.warning("MQTT broker %s unreachable: %s", where, exc)
-            await self._close_client(client)
-            return "failed"
-        client.loop_start()
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                kind, reason = await self._next_event(conn)
-        except TimeoutError:
-            logger.warning("MQTT broker %s sent no CONNACK in %g s", where, self.connect_timeout)
-            await self._close_client(client)
-            return "failed"
-        if kind == "connack" and reason is not None and not reason.is_failure:
-            self._set_connected()
-            self.stats.connections += 1
-            logger.info(
-                "MQTT: connected to %s as %s (MQTT %s)",
-                where,
-                self.client_id,
-                PROTOCOL_NAMES[protocol],
-            )
-            return "connected"
-        await self._close_client(client)
-        if reason is not None and reason.value == UNSUPPORTED_PROTOCOL_VERSION:
-            if self.protocol != "auto":
-                logger.error("MQTT broker %s refused MQTT %s", where, PROTOCOL_NAMES[protocol])
-            return "unsupported-protocol"
-        logger.warning(
-            "MQTT broker %s refused the connection: %s",
-            where,
-            reason.getName() if reason is not None else "closed before CONNACK",
-        )
-        return "failed"
-
-    async def _serve(self) -> None:
-        """Wait for the current connection to end (the lanes do the publishing)."""
-        conn = self._conn
-        kind, reason = await self._next_event(conn)
-        while kind != "disconnect":
-            kind, reason = await self._next_event(conn)
-        if self._connected:
-            self._set_disconnected()
-        logger.warning(
-            "MQTT: lost connection to %s (%s); resending from the acknowledged cursor",
-            self.broker.redacted(),
-            reason.getName() if reason is not None else "unknown",
-        )
-        client, self._client = self._client, None
-        await self._close_client(client)
-
-    async def _close_client(self, client: mqtt.Client | None) -> None:
-        """Disconnect cleanly if possible and always end paho's thread."""
-        if client is None:
-            return
-        with contextlib.suppress(Exception):
-            client.disconnect()
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await asyncio.to_thread(client.loop_stop)
-        except TimeoutError:
-            # A stalled peer can keep paho's thread writing; closing the socket ends it.
-            sock = client.socket()
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.close()
-            logger.warning("MQTT: paho's network thread did not stop; closed its socket")
-
     # -- publishing ----------------------------------------------------------------
 
-    def _properties(self, content_type: str, signature: str | None) -> Properties | None:
-        if self._client_protocol != mqtt.MQTTv5:
-            return None
+    def _properties(self, content_type: str, signature: str | None) -> Properties:
         if signature is None:
             # Unsigned properties are the same for every message: build them once
             # (paho packs them per publish; building them was ~13% of the CPU).
@@ -740,18 +635,35 @@ class MqttPusher:
             await self._pulse.wait()
 
     def _publish(
-        self, topic: str, payload: bytes, props: Properties | None, *, retain: bool = False
+        self,
+        topic: str,
+        payload: bytes,
+        content_type: str,
+        signature: str | None,
+        *,
+        retain: bool = False,
     ) -> int | None:
-        """Hand one QoS 1 message to paho; its message id, or None if paho refused it."""
+        """Hand one QoS 1 message to paho; its message id, or None if paho refused it.
+
+        The signature rides as an MQTT 5 user property, or on MQTT 3.1.1 at
+        the payload's end (:mod:`.mqttsig`).
+        """
         client = self._client
         if client is None:
             return None
+        props: Properties | None = None
+        if self.link.v5:
+            props = self._properties(content_type, signature)
+        elif signature is not None:
+            payload = mqttsig.attach(payload, signature)
         info = client.publish(topic, payload, qos=1, retain=retain, properties=props)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
             logger.debug(
                 "MQTT: paho refused a publish on %s: %s", topic, mqtt.error_string(info.rc)
             )
             return None
+        self._conn_published += 1
+        self._last_topic = topic
         return info.mid
 
     def _publish_record(self, lane: _Lane, record: LogRecord) -> bool:
@@ -766,8 +678,9 @@ class MqttPusher:
             lane.sent_through = record.seq
             self.stats.skipped += 1
             return True
-        props = self._properties(CONTENT_TYPES[self.fmt], rendered.signature)
-        mid = self._publish(lane.topic, rendered.payload, props)
+        mid = self._publish(
+            lane.topic, rendered.payload, CONTENT_TYPES[self.fmt], rendered.signature
+        )
         if mid is None:
             return False
         loop = asyncio.get_running_loop()
@@ -868,11 +781,12 @@ class MqttPusher:
             if not await self._wait_room(epoch):
                 return False
             payload = outbound.head_message(
-                lane.collection, head, earliest, publisher=self.client_id
+                lane.collection, head, earliest, publisher=self.publisher_id
             )
             signature = self.signer.sign(payload) if self.signer is not None else None
-            props = self._properties(CONTENT_TYPES["json"], signature)
-            mid = self._publish(lane.head_topic, payload, props, retain=True)
+            mid = self._publish(
+                lane.head_topic, payload, CONTENT_TYPES["json"], signature, retain=True
+            )
             if mid is None:
                 return False
             self._window[mid] = _Sent(None, head, len(payload), asyncio.get_running_loop().time())
