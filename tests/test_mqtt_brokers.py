@@ -152,11 +152,12 @@ async def test_every_client_falls_back_to_3_1_1_on_nats_once_and_keeps_signature
 ) -> None:
     caplog.set_level(logging.INFO)
     await append(sqlite_log, C1, 3)
-    async with (
-        clients("subscriber", nats.url) as subscriber,
-        clients("dashboard", nats.url) as dashboard,
-        clients("publisher", nats.url) as publisher,
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        subscriber = await stack.enter_async_context(clients("subscriber", nats.url))
+        dashboard = await stack.enter_async_context(clients("dashboard", nats.url))
+        # Publishing before the subscription is acknowledged would lose the messages.
+        await async_wait_for(subscriber.channel.subscribed.is_set, timeout=15)
+        publisher = await stack.enter_async_context(clients("publisher", nats.url))
         await async_wait_for(lambda: len(subscriber.messages()) >= 3, timeout=15)
         await async_wait_for(lambda: C1 in dashboard.heads, timeout=15)
         for client in (publisher, subscriber, dashboard):

@@ -114,6 +114,9 @@ class MqttChannel:
         self._routes: dict[str, tuple[str, str]] = {}
         self._legacy: set[str] = set()  # pre-safe names, read beside the safe ones
         self._requested: dict[int, list[str]] = {}  # SUBSCRIBE message id -> its topics
+        # Set once the broker acknowledged every subscription of the current
+        # connection: from then on nothing published is missed (tests wait on it).
+        self.subscribed = threading.Event()
         self._handoff: list[tuple[Callable[[ev.Event], None], ev.Event]] = []
         self._handoff_lock = threading.Lock()
         self._handoff_scheduled = False
@@ -193,6 +196,7 @@ class MqttChannel:
         client.on_subscribe = self._on_subscribe
 
     def _on_connack(self, client: mqtt.Client, _conn: int, _props: object) -> None:
+        self.subscribed.clear()
         topics = list(self._routes)
         _rc, mid = client.subscribe([(topic, 1) for topic in topics])
         if mid is not None:
@@ -200,6 +204,8 @@ class MqttChannel:
 
     def _on_subscribe(self, client, userdata, mid, reasons, properties) -> None:  # type: ignore[no-untyped-def]
         topics = self._requested.pop(mid, [])
+        if not self._requested:
+            self.subscribed.set()
         for topic, reason in zip(topics, reasons, strict=False):
             if not reason.is_failure:
                 continue
