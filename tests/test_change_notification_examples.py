@@ -282,6 +282,8 @@ async def test_example_2_our_source_side_posts_it_and_our_hub_takes_it(
     task = asyncio.create_task(pusher.run())
     try:
         await async_wait_for(lambda: capture.posts, 10)
+        # The hand-over is done when the cursor moves, after the hub answered.
+        await async_wait_for(lambda: log.cursor(collection, pusher.cursor_name), 10)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
