@@ -59,6 +59,13 @@ class PublisherMetrics:
         self.bytes_read = Counter(
             "rsnotify_source_bytes_total", "Bytes read from the Source", ["collection"], registry=r
         )
+        self.coverage_holes = Counter(
+            "rsnotify_coverage_holes_total",
+            "Times the Change Lists stopped covering every change since the checkpoint "
+            "(lists dropped or not chaining; Z39.99 section 12.1)",
+            ["collection"],
+            registry=r,
+        )
         self.ws_clients = Gauge(
             "rsnotify_websocket_clients", "Connected WebSocket clients", registry=r
         )

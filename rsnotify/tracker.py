@@ -39,8 +39,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import itertools
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -330,6 +331,61 @@ def lists_to_read(index: Sequence[ListRef], checkpoint: Checkpoint) -> list[List
     if checkpoint.last_time is None:
         return ordered
     return [ref for ref in ordered if ref.until is None or ref.until >= checkpoint.last_time]
+
+
+def coverage_hole(
+    refs: Sequence[ListRef],
+    checkpoint: Checkpoint,
+    seen_until: Mapping[str, datetime] | None = None,
+) -> str | None:
+    """Why the Change Lists no longer cover every change since ``checkpoint`` (None: they do).
+
+    Z39.99 section 12.1 leaves retention to the Source: it may drop old Change
+    Lists.  A Destination away for longer than the Source keeps them would
+    otherwise apply what remains and call itself up to date.  The documents
+    show the hole: every list carries ``from`` (and ``until`` once closed),
+    and the lists of an index cover consecutive periods.  So there is a hole
+    when the first list still to read starts after the checkpoint's time
+    (the list it was reading was dropped, or replaced by one starting later),
+    or when two consecutive lists after it do not meet (``until`` of one
+    before ``from`` of the next).  ``seen_until`` holds the ``until`` of lists
+    this reader saw closed before they were dropped: a checkpoint at the end
+    of such a list is covered up to its ``until``.  A list without ``from``
+    (resync 2.0.1 writes none) proves nothing either way and is not a hole.
+    """
+    if not checkpoint.started or checkpoint.last_time is None:
+        return None  # nothing consumed yet: everything listed is read
+    lower = checkpoint.last_time
+    if seen_until and checkpoint.changelist in seen_until:
+        lower = max(lower, seen_until[checkpoint.changelist])
+    refs = lists_to_read(refs, checkpoint)
+    if not refs:
+        return None
+    first = refs[0]
+    if first.from_ is not None and first.from_ > lower:
+        if checkpoint.changelist is None:
+            was = "the position of a baseline"
+        elif checkpoint.changelist not in (r.url for r in refs):
+            was = "the list it was reading is gone"
+        else:
+            was = f"{first.url} now starts later"
+        return (
+            f"the Change Lists start at {w3cdt.format(first.from_)}, after the position "
+            f"{w3cdt.format(lower)} ({was}): changes in between may be lost (Z39.99 section 12.1)"
+        )
+    for before, after in itertools.pairwise(refs):
+        if (
+            before.until is not None
+            and after.from_ is not None
+            and after.from_ > before.until
+            and after.from_ > lower
+        ):
+            return (
+                f"no Change List covers {w3cdt.format(before.until)} to "
+                f"{w3cdt.format(after.from_)} (between {before.url} and {after.url}): changes "
+                "in between may be lost (Z39.99 section 12.1)"
+            )
+    return None
 
 
 def index_refs(entries: Iterable[Entry]) -> list[ListRef]:

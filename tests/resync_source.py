@@ -124,13 +124,20 @@ class ResyncSource:
                       if p.is_file())  # fmt: skip
 
     def round(
-        self, rng: random.Random, *, creates: int = 8, updates: int = 7, deletes: int = 5
+        self,
+        rng: random.Random,
+        *,
+        creates: int = 8,
+        updates: int = 7,
+        deletes: int = 5,
+        plain: bool = False,
     ) -> list[Listed]:
         """Create, update and delete files, then publish this round's Change List.
 
         Returns the Change List's entries as resync reads them.  Updates and
         deletes pick existing files (as many as there are); new names include
-        a space, an ampersand and non-ASCII letters, as real collections do.
+        a space, an ampersand and non-ASCII letters, as real collections do
+        (unless ``plain``).
         """
         self.rounds += 1
         existing = self.names()
@@ -140,7 +147,8 @@ class ResyncSource:
             (self.files / name).unlink()
         for name in touched:
             self.write(name, f"{name} as of round {self.rounds} {rng.random()}\n".encode())
-        odd = ["", " with space", " & more", " ü"]
+        # plain: names resync-sync itself can fetch (its urllib refuses raw spaces).
+        odd = [""] if plain else ["", " with space", " & more", " ü"]
         for k in range(creates):
             name = f"r{self.rounds:03d}/doc{k:02d}{odd[k % len(odd)]}.txt"
             self.write(name, f"{name}, created in round {self.rounds}\n".encode() * (k + 1))

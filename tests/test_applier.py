@@ -283,10 +283,15 @@ async def test_an_older_change_never_overwrites_a_newer_one(env: Env, source: So
         env.note("/a", "created", at(10), body=b"v1-stale-copy"),
         env.note("/a", "deleted", at(15)),
     ]
-    for change in older:
-        assert await applier.apply(change) is Outcome.SKIPPED_ALREADY_APPLIED
+    # An older update is skipped outright (even though the Source now serves its
+    # bytes: change times order bytes); an older deletion would make the resource
+    # vanish, so the Source is asked (it still serves it: outdated).
+    assert [await applier.apply(change) for change in older] == [
+        Outcome.SKIPPED_ALREADY_APPLIED,
+        Outcome.OUTDATED,
+    ]
     assert env.path("/a").read_bytes() == b"v2"
-    assert source.requests == ["/a"]
+    assert source.requests == ["/a", "/a"]
     await assert_never_backwards(env.store)
 
 
@@ -300,7 +305,8 @@ async def test_scrambled_submission_keeps_the_newest(env: Env, source: Source) -
         applier.submit(env.note("/s", "deleted", at(2))),
     ]
     outcomes = await asyncio.gather(*futures)
-    assert outcomes == [Outcome.APPLIED] + [Outcome.SKIPPED_ALREADY_APPLIED] * 2
+    # The older deletion is asked about at the Source (which still serves /s).
+    assert outcomes == [Outcome.APPLIED, Outcome.SKIPPED_ALREADY_APPLIED, Outcome.OUTDATED]
     assert env.path("/s").read_bytes() == b"latest"
     await assert_never_backwards(env.store)
 
@@ -534,10 +540,9 @@ async def test_deletes(env: Env, source: Source) -> None:
     assert await applier.apply(env.note("/x", "deleted", at(2))) is Outcome.DELETED
     assert not env.path("/x").exists()
     assert await applier.apply(env.note("/never-seen", "deleted", at(2))) is Outcome.DELETED
-    assert await applier.apply(env.note("/never-seen", "created", at(1))) is (
-        Outcome.SKIPPED_ALREADY_APPLIED
-    )  # a late create does not resurrect a deleted resource
-    assert source.requests == ["/x"]
+    assert await applier.apply(env.note("/never-seen", "created", at(1))) is Outcome.OUTDATED
+    # a late create does not resurrect a deleted resource: the Source, asked, agrees (404)
+    assert source.requests == ["/x", "/never-seen"]
     assert [(kind, path) for kind, _, path in env.events] == [
         ("created", env.path("/x")),
         ("deleted", env.path("/x")),

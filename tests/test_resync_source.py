@@ -110,7 +110,7 @@ def test_once_mirrors_a_source_built_by_resync(
     assert differences(source, mirror) == []
 
 
-def test_once_ends_with_a_clear_error_on_a_change_list_out_of_order(
+def test_once_strict_ends_with_a_clear_error_on_a_change_list_out_of_order(
     tmp_path: Path,
     process_factory: Callable[..., ManagedProcess],
     rsnotify_process: RunProcess,
@@ -118,9 +118,10 @@ def test_once_ends_with_a_clear_error_on_a_change_list_out_of_order(
     """resync-build's natural output after an update and a deletion is out of order.
 
     It lists the update (this round's time) before the deletion (the deleted
-    file's old time).  The subscriber must not guess, nor retry forever:
-    ``--once`` exits non-zero naming the problem and the entry, and leaves
-    the mirror as it was.
+    file's old time).  With ``--strict`` the subscriber must not guess, nor
+    retry forever: ``--once`` exits non-zero naming the problem and the entry,
+    and leaves the mirror as it was.  By default (lenient about order) the
+    same list is applied, the back-dated deletion included.
     """
     source, _ = served_source(tmp_path, process_factory)
     mirror = tmp_path / "mirror"
@@ -138,12 +139,16 @@ def test_once_ends_with_a_clear_error_on_a_change_list_out_of_order(
         (source.url("res/a.txt"), ChangeType.UPDATED),
         (source.url("res/b.txt"), ChangeType.DELETED),
     ]
-    process = rsnotify_process("subscribe", source.base, "--into", str(mirror), "--once")
+    process = rsnotify_process(
+        "subscribe", source.base, "--into", str(mirror), "--once", "--strict"
+    )
     assert process.wait(timeout=60) == 1, process.tail()
     said = process.output("stdout")
     assert "not in forward chronological order" in said, said
     assert source.url("res/b.txt") in said, said
     assert {p: p.read_bytes() for p in mirror.rglob("*") if p.is_file()} == before
+    subscribe_once(rsnotify_process, source, mirror)  # lenient about order: the default
+    assert differences(source, mirror) == []
 
 
 def test_once_baselines_from_a_resource_dump_built_by_resync(

@@ -662,9 +662,12 @@ class Publisher:
         backoff = Backoff()
         while not self._stopping.is_set():
             try:
+                holes = watcher.holes
                 result = await watcher.poll(DETECT_CHUNK)
                 detected = w3cdt.now()
                 self.metrics.bytes_read.labels(collection.id).inc(result.bytes_read)
+                if watcher.holes > holes:  # logged by the watcher; Destinations re-baseline
+                    self.metrics.coverage_holes.labels(collection.id).inc(watcher.holes - holes)
                 for found in result.detections:
                     await self._log_detection(collection, found, detected)
                 if result.checkpoint != watcher.checkpoint:

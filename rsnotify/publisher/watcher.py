@@ -22,15 +22,17 @@ import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from .. import sitemap
-from ..errors import DocumentError, InvalidDocument
+from ..errors import DocumentError, InvalidDocument, RsNotifyError
 from ..model import Capability, Entry, Root
 from ..tracker import (
     Checkpoint,
     Detection,
     ListRef,
     adopt_unordered,
+    coverage_hole,
     detect,
     index_refs,
     lists_to_read,
@@ -41,6 +43,14 @@ from .incremental import TailState, fragment, scan
 
 log = logging.getLogger("rsnotify.publish")
 _LINE = re.compile(r"^line \d+: ")
+
+
+class CoverageHole(RsNotifyError):
+    """The Change Lists no longer cover every change since the checkpoint.
+
+    Raised by :meth:`CollectionWatcher.poll` when the watcher stops at holes
+    (a Destination: it must re-baseline); a publisher only reports them.
+    """
 
 
 @dataclass(slots=True)
@@ -88,8 +98,16 @@ class CollectionWatcher:
         checkpoint: Checkpoint,
         from_beginning: bool = False,
         limits: sitemap.Limits = sitemap.DEFAULT_LIMITS,
+        stop_at_holes: bool = False,
     ) -> None:
         self.access = access
+        #: True (a Destination): :class:`CoverageHole` is raised; else logged and counted.
+        self.stop_at_holes = stop_at_holes
+        self.holes = 0  # coverage holes found (each distinct one counted once)
+        self._hole: str | None = None  # the last one reported
+        self._seen_until: dict[str, datetime] = {}  # lists seen closed, by URL
+        #: Lists seen out of forward chronological order (their times order nothing).
+        self.unordered_lists: set[str] = set()
         self.collection = collection
         self.capability_list = capability_list
         self.changelist_url = changelist_url
@@ -128,6 +146,8 @@ class CollectionWatcher:
     def _entries(self, body: bytes, url: str) -> Iterator[Entry]:
         reader = sitemap.DocumentReader(body, limits=self.limits)
         yield from reader
+        if reader.unordered:
+            self.unordered_lists.add(url)
         for warning in reader.warnings:
             # Each kind once per list at warning level: an open list is read on every change.
             kind = (url, _LINE.sub("", warning).split(":")[0])
@@ -191,7 +211,37 @@ class CollectionWatcher:
         self._single_list = False
         state.etag, state.last_modified = fetched.etag, fetched.last_modified
         self._refs = index_refs(reader)
+        self._seen_until.update((r.url, r.until) for r in self._refs if r.until is not None)
         return {}
+
+    def hole_at(self, checkpoint: Checkpoint) -> str | None:
+        """The hole the lists read last leave after ``checkpoint`` (None: none), quietly.
+
+        For a Destination that just re-baselined: a hole that remains can be
+        closed by nothing in the documents.  It is then read through (the
+        next poll sees a hole already reported and says nothing).
+        """
+        hole = coverage_hole(self._refs, checkpoint, self._seen_until)
+        self._hole = hole
+        return hole
+
+    def _check_coverage(self, checkpoint: Checkpoint) -> None:
+        """Raise or report a hole between the checkpoint and the lists still listed.
+
+        Each distinct hole once: after a Destination's re-baseline the same
+        hole (the snapshot itself older than the lists) is read through.
+        """
+        hole = coverage_hole(self._refs, checkpoint, self._seen_until)
+        if hole is None:
+            self._hole = None
+            return
+        if hole == self._hole:
+            return  # reported (or raised) already: the reader decided what to do
+        self.holes += 1
+        self._hole = hole
+        if self.stop_at_holes:
+            raise CoverageHole(hole)
+        log.warning("%s: %s", self.collection, hole, extra={"collection": self.collection})
 
     def _in_mode(self, checkpoint: Checkpoint) -> tuple[Checkpoint, bool]:
         """The checkpoint in this watcher's reading mode, and whether it must adopt a list.
@@ -231,6 +281,7 @@ class CollectionWatcher:
                 )
                 return result
             current, adopt = self._in_mode(self.checkpoint)
+            self._check_coverage(current)
             work = _Pass(lists_to_read(self._refs, current), current, prefetched, adopt=adopt)
         self._pass = None  # set again only if this pass stops at its limit
         budget = limit

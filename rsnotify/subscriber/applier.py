@@ -86,6 +86,8 @@ HELD_BODIES = 256
 _RETRYABLE_STATUS = frozenset({408, 425, 429})
 _OUTDATED_DELETE = "the Source still serves it: a newer change than this deletion was applied"
 _OUTDATED_BYTES = "the Source serves what the mirror already holds from a newer change"
+_NOT_SERVED = "the Source does not serve this older change now"
+_SAME_BYTES = "older, and the mirror already holds its bytes"
 _GONE_STATUS = frozenset({404, 410})
 
 
@@ -101,7 +103,8 @@ class Outcome(StrEnum):
     RECORDED = "recorded"  # metadata_only: state recorded, nothing fetched
     SKIPPED_ALREADY_APPLIED = "skipped_already_applied"
     CONFIRMED = "confirmed"  # the Change List lists the change a provisional state holds
-    OUTDATED = "outdated"  # older than a provisional state, and the Source agrees with that
+    OUTDATED = "outdated"  # older than what the mirror holds, and the Source agrees with that
+    HELD = "held"  # a baseline's resource the mirror already held, byte for byte
     SUPERSEDED = "superseded"  # failed, but a newer change of the loc is queued
     REFUSED_ORIGIN = "refused_origin"
     UNSAFE_PATH = "unsafe_path"
@@ -126,9 +129,12 @@ _DONE = frozenset(
         Outcome.SKIPPED_ALREADY_APPLIED,
         Outcome.CONFIRMED,
         Outcome.OUTDATED,
+        Outcome.HELD,
         Outcome.SUPERSEDED,
     }
 )
+# What a back-dated change's fetch says when the Source has moved past it.
+_NOT_CURRENT = frozenset({Outcome.NOT_FOUND, Outcome.HASH_MISMATCH, Outcome.LENGTH_MISMATCH})
 
 
 @dataclass(slots=True)
@@ -164,13 +170,28 @@ class _Change:
     # False: nobody vouched for this change (pushed unsigned, or dated beyond
     # the allowed skew); its state is provisional and a deletion is checked.
     confirmed: bool = True
+    collection: str | None = None  # recorded with the state: what a re-baseline compares
+    # A baseline's change: the mirror may already hold these bytes (a re-baseline
+    # after a coverage hole), so compare the file with the advertised digests first.
+    reuse: bool = False
+    # Read from a Change List out of forward chronological order (section 12.1):
+    # its change time proves nothing about order, so the Source is asked instead.
+    unordered: bool = False
 
     @property
     def identity(self) -> tuple[str, datetime, ChangeType]:
         return (self.loc, self.datetime, self.change)
 
 
-def _read_change(obj: Any, *, confirmed: bool = True, max_skew: float | None = None) -> _Change:
+def _read_change(
+    obj: Any,
+    *,
+    confirmed: bool = True,
+    max_skew: float | None = None,
+    collection: str | None = None,
+    reuse: bool = False,
+    unordered: bool = False,
+) -> _Change:
     loc = getattr(obj, "loc", None)
     if not isinstance(loc, str) or not loc:
         raise InvalidChange(f"change without a loc: {obj!r:.200}")
@@ -207,6 +228,9 @@ def _read_change(obj: Any, *, confirmed: bool = True, max_skew: float | None = N
         length=length,
         duplicates=tuple(href for _, href in duplicates),
         confirmed=confirmed,
+        collection=collection,
+        reuse=reuse,
+        unordered=unordered,
     )
 
 
@@ -222,7 +246,25 @@ def _same_change(state: ResourceState, change: _Change) -> bool:
     return state.datetime == change.datetime and state.change == change.change
 
 
-def _already_applied(state: ResourceState | None, change: _Change, max_skew: float) -> bool:
+def _flips(state: ResourceState, change: _Change) -> bool:
+    """``change`` would make the resource exist where it does not, or vanish where it does."""
+    return (state.change is ChangeType.DELETED) != (change.change is ChangeType.DELETED)
+
+
+def _doubtful(state: ResourceState, change: _Change) -> bool:
+    """An older change the Source should be asked about (see :func:`_to_recheck`)."""
+    if _flips(state, change):
+        return True
+    if not change.unordered or change.change is ChangeType.DELETED or not change.hashes:
+        return False
+    digest = change.hashes.get("sha-256")
+    return digest is None or state.sha256 is None or digest != state.sha256
+
+
+def _already_applied(
+    state: ResourceState | None, change: _Change, max_skew: float, *, recheck: bool = False
+) -> bool:
+    """Nothing to do for ``change`` given ``state`` (``recheck``: see :func:`_to_recheck`)."""
     if state is None:
         return False
     if _provisional(state, max_skew):
@@ -231,14 +273,59 @@ def _already_applied(state: ResourceState | None, change: _Change, max_skew: flo
     if state.datetime < change.datetime:
         return False
     if state.datetime > change.datetime:
-        return True
+        return not (recheck and _doubtful(state, change))
     if state.seq is not None and change.seq is not None:
         return state.seq >= change.seq
     return state.change == change.change
 
 
+def _to_recheck(state: ResourceState | None, change: _Change, max_skew: float) -> str | None:
+    """Why ``change``, older than what the mirror holds, must be checked at the Source.
+
+    Two cases where a change time cannot be believed (Z39.99 section 12.1
+    makes it the order of changes, but Sources get it wrong and forgers lie):
+
+    * ``provisional``: the state came from a notification nobody vouched for
+      (rsnotify.subscriber.trust); it may be forged, so an older change is not
+      "already applied" but asked about.
+    * ``back-dated``: the change would make the resource exist or vanish
+      although the mirror holds a newer state.  resync 2.0.1 dates a deletion
+      with the deleted file's old modification time, earlier than the
+      baseline that still listed the file, and a file copied with its old
+      time (``cp -p``) is a creation dated in the past; skipping either as
+      "old" would keep the mirror wrong for ever.  The Source says whether
+      the resource exists now (gone, or serving exactly the change's bytes);
+      otherwise the change is outdated.  The state keeps the newer time.
+
+    An older update of a resource that exists either way is skipped without
+    a request, as before: which *bytes* are newer is what change times order
+    (section 12.1), and a Source (or a cache in front of it) serving an old
+    copy must not roll the mirror back.  Unless the change was read from a
+    list out of order (``unordered``): its time orders nothing, so an older
+    creation or update advertising other bytes than the mirror holds is
+    applied if the Source serves exactly those bytes now (a ``cp -p`` copy
+    dated by its old mtime), and a deletion, older or newer, only once the
+    Source answers 404/410.
+    """
+    if state is None or _same_change(state, change):
+        return None
+    if _provisional(state, max_skew):
+        return "provisional" if change.datetime <= state.datetime else None
+    if change.datetime < state.datetime and _doubtful(state, change):
+        return "back-dated"
+    return None
+
+
 class _AlreadyHeld(Exception):
     """The Source serves exactly the bytes the mirror holds (see ``unless_sha256``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    """The time to record a change's state at, and the apply log's detail."""
+
+    when: datetime
+    detail: str | None = None
 
 
 @dataclass(slots=True)
@@ -321,7 +408,15 @@ class Applier:
         """Submitted changes not finished yet (for back-pressure)."""
         return len(self._pending)
 
-    def submit(self, change: Any, *, confirmed: bool = True) -> asyncio.Future[Outcome]:
+    def submit(
+        self,
+        change: Any,
+        *,
+        confirmed: bool = True,
+        collection: str | None = None,
+        reuse: bool = False,
+        unordered: bool = False,
+    ) -> asyncio.Future[Outcome]:
         """Queue ``change``; it runs after every earlier submitted change of its ``loc``.
 
         ``confirmed=False`` marks a change nobody vouched for (pushed without a
@@ -329,7 +424,14 @@ class Applier:
         once for an unusable object.  The returned future holds the
         :class:`Outcome` (or a local failure).
         """
-        view = _read_change(change, confirmed=confirmed, max_skew=self.max_skew)
+        view = _read_change(
+            change,
+            confirmed=confirmed,
+            max_skew=self.max_skew,
+            collection=collection,
+            reuse=reuse,
+            unordered=unordered,
+        )
         if self.metadata_only and (view.confirmed or view.change is not ChangeType.DELETED):
             # An unconfirmed deletion takes the per-change path: it asks the Source.
             return self._submit_record(view, change)
@@ -453,8 +555,12 @@ class Applier:
         """True when a change of the same loc with a later datetime waits in the queue.
 
         Submission order is not time order in general (a replay, a walk and
-        push can interleave), so "queued after me" is not enough.
+        push can interleave), so "queued after me" is not enough.  Never for a
+        change from a list out of order: there a later time is not a later
+        change, and the one queued may be the one the Source has moved past.
         """
+        if view.unordered:
+            return False
         return any(when > view.datetime for when in self._queued.get(view.loc, ()))
 
     def _finished(self, view: _Change, task: asyncio.Task[Outcome]) -> None:
@@ -511,9 +617,13 @@ class Applier:
 
     # -- one change -------------------------------------------------------------
 
-    async def apply(self, change: Any, *, confirmed: bool = True) -> Outcome:
+    async def apply(
+        self, change: Any, *, confirmed: bool = True, collection: str | None = None
+    ) -> Outcome:
         """Apply one change now (no ordering against other calls; see :meth:`submit`)."""
-        view = _read_change(change, confirmed=confirmed, max_skew=self.max_skew)
+        view = _read_change(
+            change, confirmed=confirmed, max_skew=self.max_skew, collection=collection
+        )
         return await self._apply(view, change, lambda: False)
 
     def _confirms(self, state: ResourceState | None, view: _Change) -> bool:
@@ -532,7 +642,7 @@ class Applier:
                 view.loc, view.change, view.datetime, seq=view.seq
             )
             return Outcome.CONFIRMED
-        if _already_applied(state, view, self.max_skew):
+        if _already_applied(state, view, self.max_skew, recheck=not self.metadata_only):
             await self.resources.record_outcome(
                 view.loc,
                 view.change,
@@ -553,16 +663,18 @@ class Applier:
         settled = await self._settled(view, state)
         if settled is not None:
             return settled
-        # Older than a state nobody vouched for: that state may be forged (then
-        # this change must be applied) or genuine (then applying this one would
-        # go back in time).  Only the Source can tell: ask it.
-        recheck = (
-            state is not None
-            and view.datetime <= state.datetime
-            and _provisional(state, self.max_skew)
-        )
+        recheck = None if self.metadata_only else _to_recheck(state, view, self.max_skew)
+        record = _Record(view.datetime)
+        if recheck == "back-dated" and state is not None:
+            # The Source bears this change out now, but its date says otherwise:
+            # the state keeps the newer time, so it never moves back.
+            record = _Record(
+                state.datetime,
+                f"dated {view.datetime.isoformat()}, before the state it replaces "
+                f"({state.datetime.isoformat()}): re-checked at the Source",
+            )
         if view.change is ChangeType.DELETED and (
-            not view.confirmed or (recheck and not self.metadata_only)
+            not view.confirmed or recheck or (view.unordered and not self.metadata_only)
         ):
             if superseded():  # whatever the newer change says is what the mirror gets
                 return await self._report(
@@ -575,16 +687,7 @@ class Applier:
                     doubt = _Failure(Outcome.OUTDATED, False, _OUTDATED_DELETE)
                 return await self._report(view, change, doubt)
         if self.metadata_only:
-            await self.resources.record_applied(
-                view.loc,
-                view.change,
-                view.datetime,
-                seq=view.seq,
-                sha256=view.hashes.get("sha-256"),
-                length=view.length,
-                outcome=Outcome.RECORDED,
-                confirmed=view.confirmed,
-            )
+            await self._record(view, Outcome.RECORDED, record, sha256=view.hashes.get("sha-256"))
             await self._hook(view, change, path)
             return Outcome.RECORDED
         if view.change is ChangeType.DELETED:
@@ -596,15 +699,9 @@ class Applier:
                     removed = await self.mirror.delete(path)
             except (UnsafePath, PathConflict) as exc:
                 return await self._report(view, change, _path_failure(exc))
-            await self.resources.record_applied(
-                view.loc,
-                view.change,
-                view.datetime,
-                seq=view.seq,
-                outcome=Outcome.DELETED,
-                detail=None if removed else "no file to remove",
-                confirmed=view.confirmed,
-            )
+            if not removed:
+                record = _Record(record.when, record.detail or "no file to remove")
+            await self._record(view, Outcome.DELETED, record)
             await self._hook(view, change, path)
             return Outcome.DELETED
         if superseded():
@@ -615,34 +712,68 @@ class Applier:
             return await self._report(
                 view, change, _Failure(Outcome.SUPERSEDED, False, "a newer change is queued")
             )
-        held = state.sha256 if recheck and state is not None else None
-        result = await self._fetch(view, path, superseded, unless_sha256=held)
+        existing = state is not None and state.change is not ChangeType.DELETED
+        if (view.reuse or recheck == "back-dated") and existing:
+            held = await self.mirror.holds(path, view.length, view.hashes)
+            if held is not None and recheck == "back-dated":  # nothing to roll anywhere
+                return await self._report(
+                    view, change, _Failure(Outcome.SKIPPED_ALREADY_APPLIED, False, _SAME_BYTES)
+                )
+            if held is not None:  # a re-baseline: these bytes are already here
+                await self._record(view, Outcome.HELD, record, sha256=held, length=view.length)
+                return Outcome.HELD
+        result = await self._fetch(
+            view,
+            path,
+            superseded,
+            unless_sha256=state.sha256 if recheck == "provisional" and state else None,
+            only_if_current=recheck == "back-dated",
+        )
         if isinstance(result, _Failure):
             return await self._report(view, change, result)
         written, url = result
-        detail = None if url == view.loc else f"fetched from duplicate {url}"
-        return await self._applied(view, change, path, written, detail)
-
-    async def _applied(
-        self, view: _Change, change: Any, path: Path, written: Written, detail: str | None
-    ) -> Outcome:
-        """Record verified bytes now in the mirror, then run the hook."""
-        await self.resources.record_applied(
-            view.loc,
-            view.change,
-            view.datetime,
-            seq=view.seq,
+        if url != view.loc:
+            record = _Record(record.when, f"fetched from duplicate {url}")
+        await self._record(
+            view,
+            Outcome.APPLIED,
+            record,
             sha256=written.digests.get("sha-256"),
             length=written.length,
-            outcome=Outcome.APPLIED,
-            detail=detail,
-            confirmed=view.confirmed,
         )
         await self._hook(view, change, path)
         return Outcome.APPLIED
 
+    async def _record(
+        self,
+        view: _Change,
+        outcome: Outcome,
+        record: _Record,
+        *,
+        sha256: str | None = None,
+        length: int | None = None,
+    ) -> None:
+        """Make ``view`` the state of its loc (at ``record.when``) and log ``outcome``."""
+        await self.resources.record_applied(
+            view.loc,
+            view.change,
+            record.when,
+            seq=view.seq,
+            sha256=sha256,
+            length=length if length is not None else view.length,
+            outcome=outcome,
+            detail=record.detail,
+            confirmed=view.confirmed,
+            collection=view.collection,
+        )
+
     async def apply_content(
-        self, change: Any, chunks: Callable[[], AsyncIterable[bytes]], source: str
+        self,
+        change: Any,
+        chunks: Callable[[], AsyncIterable[bytes]],
+        source: str,
+        *,
+        collection: str | None = None,
     ) -> Outcome:
         """Apply a created/updated change from bytes already at hand (a Resource Dump).
 
@@ -652,7 +783,7 @@ class Applier:
         back to fetching ``loc``.  ``source`` names where the bytes came from
         (the apply log's detail).
         """
-        view = _read_change(change, max_skew=self.max_skew)
+        view = _read_change(change, max_skew=self.max_skew, collection=collection)
         path, refusal = self._vet(view)
         if refusal is not None:
             return await self._report(view, change, refusal)
@@ -669,7 +800,16 @@ class Applier:
             return await self._report(view, change, _path_failure(exc))
         except FixityMismatch as exc:
             return self._classify(exc, view).outcome  # the caller fetches loc instead
-        return await self._applied(view, change, path, written, f"from {source}")
+        record = _Record(view.datetime, f"from {source}")
+        await self._record(
+            view,
+            Outcome.APPLIED,
+            record,
+            sha256=written.digests.get("sha-256"),
+            length=written.length,
+        )
+        await self._hook(view, change, path)
+        return Outcome.APPLIED
 
     def _vet(self, view: _Change) -> tuple[Path | None, _Failure | None]:
         """Origin first (a forged notification is refused as such), then the path."""
@@ -699,13 +839,22 @@ class Applier:
         return urls
 
     async def _fetch(
-        self, view: _Change, path: Path, superseded: Any, *, unless_sha256: str | None = None
+        self,
+        view: _Change,
+        path: Path,
+        superseded: Any,
+        *,
+        unless_sha256: str | None = None,
+        only_if_current: bool = False,
     ) -> tuple[Written, str] | _Failure:
         """Try duplicates then ``loc``, in rounds with backoff, until one verifies.
 
         ``unless_sha256``: the digest of what the mirror holds from a newer,
         provisional change; a body with that digest means the Source agrees
         with the mirror, and nothing is written (:attr:`Outcome.OUTDATED`).
+        ``only_if_current``: a back-dated change, applied only if the Source
+        serves exactly its bytes now; a 404/410 or other bytes mean it is
+        outdated (:attr:`Outcome.OUTDATED`, at once), not a failure to retry.
         """
         candidates = self._candidates(view)
         backoff = Backoff(initial=self.backoff_initial, maximum=self.backoff_max)
@@ -721,6 +870,8 @@ class Applier:
                     return _path_failure(exc)
                 except (FetchError, FixityMismatch) as exc:
                     failure = self._classify(exc, view)
+                    if only_if_current and failure.outcome in _NOT_CURRENT and url == view.loc:
+                        return _Failure(Outcome.OUTDATED, False, f"{_NOT_SERVED}: {exc}")
                 log.info(
                     "fetching %s for %s failed (%s): %s",
                     url,

@@ -13,7 +13,7 @@ import logging
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -36,9 +36,11 @@ class BaselineSummary:
     seconds: float = 0.0
     at: datetime | None = None
     dump_packages: int = 0  # Resource Dump packages used (0: none offered or usable)
+    # Every loc the snapshot listed: a re-baseline deletes what the mirror holds beyond it.
+    locs: set[str] = field(default_factory=set)
 
     def count(self, entry: Entry, outcome: Outcome) -> None:
-        if outcome is Outcome.SKIPPED_ALREADY_APPLIED:
+        if outcome in (Outcome.SKIPPED_ALREADY_APPLIED, Outcome.HELD):
             self.skipped += 1
         elif outcome.done:
             self.files += 1
@@ -116,6 +118,7 @@ async def baseline(
     max_bytes: int = sitemap.MAX_DOCUMENT_BYTES,
     resourcedump_url: str | None = None,
     workdir: Path | None = None,
+    limits: sitemap.Limits | None = None,
 ) -> BaselineSummary:
     """Apply every resource of the Resource Dump, else of the Resource List (Index).
 
@@ -127,6 +130,14 @@ async def baseline(
     """
     started = time.monotonic()
     summary = BaselineSummary()
+    limits = limits if limits is not None else sitemap.Limits(max_bytes=max_bytes)
+
+    def submit(entry: Entry, at: datetime) -> None:
+        # reuse: a re-baseline finds most bytes already in the mirror (compared, not fetched).
+        summary.locs.add(entry.loc)
+        change = _as_created(entry, at)
+        futures.append((entry, applier.submit(change, collection=collection, reuse=True)))
+
     progress = _Progress(f"{collection}: baseline")
     futures: list[tuple[Entry, asyncio.Future[Outcome]]] = []
     dump_at: datetime | None = None
@@ -138,6 +149,7 @@ async def baseline(
                 resourcedump_url,
                 as_created=_as_created,
                 workdir=workdir or Path(tempfile.gettempdir()),
+                collection=collection,
             )
         except (UnusableDump, FetchError) as exc:
             log.warning("%s: Resource Dump not used (%s); using the Resource List", collection, exc)
@@ -145,9 +157,10 @@ async def baseline(
             dump_at = dumped.at
             summary.dump_packages = dumped.packages
             for entry, outcome in dumped.applied:
+                summary.locs.add(entry.loc)
                 summary.count(entry, outcome)
             for entry in dumped.fallback:
-                futures.append((entry, applier.submit(_as_created(entry, dumped.at))))
+                submit(entry, dumped.at)
             if not dumped.incomplete:
                 summary.at = dumped.at
                 resourcelist_url = None  # the dump was the whole baseline
@@ -157,19 +170,19 @@ async def baseline(
         log.info("%s: %s", collection, summary.line(), extra={"collection": collection})
         return summary
     result = await fetcher.get(resourcelist_url, max_bytes=max_bytes)
-    reader = sitemap.DocumentReader(result.body, limits=sitemap.Limits(max_bytes=max_bytes))
+    reader = sitemap.DocumentReader(result.body, limits=limits)
     header = reader.header
     at = header.at or w3cdt.now()
     summary.at = min(at, dump_at) if dump_at is not None else at
 
     def submit_all(entries: list[Entry]) -> None:
         for entry in entries:
-            futures.append((entry, applier.submit(_as_created(entry, at))))
+            submit(entry, at)
 
     if header.is_index:
         for url in [entry.loc for entry in reader]:
             part = await fetcher.get(url, max_bytes=max_bytes)
-            document = sitemap.parse(part.body, limits=sitemap.Limits(max_bytes=max_bytes))
+            document = sitemap.parse(part.body, limits=limits)
             if document.capability != header.capability:
                 raise InvalidDocument(f"{url}: not a Resource List")
             submit_all(document.entries)

@@ -7,7 +7,7 @@ import asyncio
 import os
 
 from .. import httpoptions
-from ..config import add_lenient_option
+from ..config import add_lenient_option, lenient_rules
 from ..logs import setup as setup_logging
 from ..report import url_argument
 from ..transport.topics import prefix_argument, protocol_argument
@@ -38,8 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "source", metavar="SOURCE", help="the Source's base URL or a Capability List URL"
     )
     parser.add_argument("--into", required=True, metavar="DIR", help="the mirror directory")
-    # The Destination reads Change Lists out of order by default (issue 17): SubscriberConfig
-    # takes config.lenient_rules(args) into the sitemap.Limits its engine reads with.
+    # The Destination reads Change Lists out of order by default (resync-built Sources
+    # group them by change type): --strict refuses them (Z39.99 section 12.1).
     add_lenient_option(parser, default="order")
     parser.add_argument(
         "--state",
@@ -193,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         safety_poll=args.safety_poll,
         secrets=parse_secrets(args.secret),
         max_skew=args.max_clock_skew,
+        lenient=lenient_rules(args),
         ws_token=args.ws_token,
         allow_origins=args.allow_origin,
         on_change=args.on_change,

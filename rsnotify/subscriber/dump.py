@@ -136,6 +136,7 @@ async def apply_resource_dump(
     workdir: Path,
     max_package_bytes: int = DEFAULT_MAX_PACKAGE_BYTES,
     max_resource_bytes: int = 1 << 30,
+    collection: str | None = None,
 ) -> DumpResult:
     """Write every resource of the dump's packages into the mirror.
 
@@ -198,6 +199,7 @@ async def apply_resource_dump(
                             change,
                             functools.partial(_member_chunks, archive, info, limit),
                             source=f"{package.loc}#{member}",
+                            collection=collection,
                         )
                     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:  # corrupt member
                         log.info("%s: unreadable in %s (%s); fetching it",

@@ -518,6 +518,25 @@ def _checkable(
     return out
 
 
+def _digest_if_equal(path: Path, length: int | None, expected: Mapping[str, str]) -> str | None:
+    """sha-256 of the regular file at ``path`` if its bytes match ``expected`` (hex)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or (length is not None and info.st_size != length):
+            return None
+        digests = {algo: hashlib.new(HASHLIB_NAMES[algo]) for algo in {*expected, "sha-256"}}
+        while chunk := handle.read(1 << 20):
+            for digest in digests.values():
+                digest.update(chunk)
+    if any(digests[algo].hexdigest() != value for algo, value in expected.items()):
+        return None
+    return digests["sha-256"].hexdigest()
+
+
 def _fsync_pool() -> ThreadPoolExecutor:
     """Threads for fsync, rename and unlink: their own pool, sized for waiting on disks.
 
@@ -1202,6 +1221,25 @@ class Mirror:
             raise
         finally:
             _close_all([dir_fd, *dirty])
+
+    async def holds(
+        self, path: Path | str, length: int | None, hashes: Mapping[str, str] | None
+    ) -> str | None:
+        """The file's sha-256 if ``path`` already holds the advertised bytes, else None.
+
+        For a re-baseline after a coverage hole: only what differs is fetched.
+        "Holds" needs at least one advertised digest that can be checked, and
+        every such digest (and the length, if given) must match; a symlink or
+        anything but a regular file never matches.
+        """
+        expected = {
+            algo: digest
+            for algo, digest in _checkable(hashes, path, self._unverifiable).items()
+            if algo in HASHLIB_NAMES
+        }
+        if not expected:
+            return None
+        return await asyncio.to_thread(_digest_if_equal, Path(path), length, expected)
 
     async def delete(self, path: Path | str) -> bool:
         """Remove the file at ``path``; True if there was one.

@@ -75,7 +75,8 @@ CREATE TABLE IF NOT EXISTS resources (
   sha256 TEXT,
   length INTEGER,
   applied_us INTEGER NOT NULL,
-  confirmed INTEGER NOT NULL DEFAULT 1
+  confirmed INTEGER NOT NULL DEFAULT 1,
+  collection TEXT
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS apply_log (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -161,6 +162,9 @@ def _migrate(db: sqlite3.Connection) -> None:
         columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
         if "confirmed" not in columns:
             db.execute(f"ALTER TABLE {table} ADD COLUMN confirmed INTEGER NOT NULL DEFAULT 1")
+        if table == "resources" and "collection" not in columns:
+            # Unknown for rows written before: filled in by the next change of each loc.
+            db.execute("ALTER TABLE resources ADD COLUMN collection TEXT")
 
 
 class ResourceStore:
@@ -239,7 +243,7 @@ class ResourceStore:
         try:
             for row, update_state in batch:
                 loc, change, when, seq, applied, sha256, length = row[:7]
-                confirmed = row[9]
+                confirmed, collection = row[9], row[10]
                 changed = False
                 if update_state == CONFIRM:
                     cursor = db.execute(
@@ -254,21 +258,22 @@ class ResourceStore:
                     # provisional state (nobody vouched for its datetime) gives way.
                     cursor = db.execute(
                         "INSERT INTO resources(loc, change, datetime_us, seq, sha256, length, "
-                        "applied_us, confirmed) VALUES (?,?,?,?,?,?,?,?) "
+                        "applied_us, confirmed, collection) VALUES (?,?,?,?,?,?,?,?,?) "
                         "ON CONFLICT(loc) DO UPDATE SET change=excluded.change, "
                         "datetime_us=excluded.datetime_us, seq=excluded.seq, "
                         "sha256=excluded.sha256, length=excluded.length, "
-                        "applied_us=excluded.applied_us, confirmed=excluded.confirmed "
+                        "applied_us=excluded.applied_us, confirmed=excluded.confirmed, "
+                        "collection=COALESCE(excluded.collection, resources.collection) "
                         "WHERE excluded.datetime_us >= resources.datetime_us "
                         "OR resources.confirmed = 0",
-                        (loc, change, when, seq, sha256, length, applied, confirmed),
+                        (loc, change, when, seq, sha256, length, applied, confirmed, collection),
                     )
                     changed = cursor.rowcount > 0
                 results.append(changed)
             db.executemany(
                 "INSERT INTO apply_log(loc, change, datetime_us, seq, applied_us, sha256, "
                 "length, outcome, detail, confirmed) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                [row for row, _ in batch],
+                [row[:10] for row, _ in batch],
             )
             db.execute("COMMIT")
         except BaseException:
@@ -475,11 +480,13 @@ class ResourceStore:
         detail: str | None = None,
         applied_at: datetime | None = None,
         confirmed: bool = True,
+        collection: str | None = None,
     ) -> tuple[Any, ...]:
         """An apply-log row for :meth:`record_rows`."""
         return self._row(
-            loc, change, when, seq, sha256, length, outcome, detail, applied_at, confirmed
-        )
+            loc, change, when, seq, sha256, length, outcome, detail, applied_at, confirmed,
+            collection,
+        )  # fmt: skip
 
     async def record_applied(
         self,
@@ -494,6 +501,7 @@ class ResourceStore:
         detail: str | None = None,
         applied_at: datetime | None = None,
         confirmed: bool = True,
+        collection: str | None = None,
     ) -> bool:
         """Make ``change`` at ``when`` the state of ``loc`` and log it, atomically.
 
@@ -501,10 +509,12 @@ class ResourceStore:
         already recorded (and that state is not provisional), the state is
         kept (the log row is still written) and False is returned.
         ``confirmed=False`` writes a provisional state (see :class:`ResourceState`).
+        ``collection`` (kept when None) lets a re-baseline find what it must delete.
         """
         row = self._row(
-            loc, change, when, seq, sha256, length, outcome, detail, applied_at, confirmed
-        )
+            loc, change, when, seq, sha256, length, outcome, detail, applied_at, confirmed,
+            collection,
+        )  # fmt: skip
         return await self._record(row, APPLY)
 
     async def record_confirmed(
@@ -522,7 +532,7 @@ class ResourceStore:
         Source when the provisional state was written.  Returns False if the
         state is not that change (anymore) or was already confirmed.
         """
-        row = self._row(loc, change, when, seq, None, None, outcome, None, None, True)
+        row = self._row(loc, change, when, seq, None, None, outcome, None, None, True, None)
         return await self._record(row, CONFIRM)
 
     async def record_outcome(
@@ -541,7 +551,7 @@ class ResourceStore:
     ) -> None:
         """Log an outcome that did not change the mirror (skipped, refused, failed)."""
         row = self._row(
-            loc, change, when, seq, sha256, length, outcome, detail, applied_at, confirmed
+            loc, change, when, seq, sha256, length, outcome, detail, applied_at, confirmed, None
         )
         await self._record(row, KEEP)
 
@@ -557,6 +567,7 @@ class ResourceStore:
         detail: str | None,
         applied_at: datetime | None,
         confirmed: bool,
+        collection: str | None,
     ) -> tuple[Any, ...]:
         kind = ChangeType(change)  # ValueError for anything but created/updated/deleted
         now = applied_at if applied_at is not None else datetime.now(UTC)
@@ -571,7 +582,28 @@ class ResourceStore:
             outcome,
             detail[:2000] if detail else detail,
             int(confirmed),
+            collection,
         )
+
+    def _held(self, collection: str, before_us: int, unknown_too: bool) -> list[str]:
+        assert self._db is not None
+        query = (
+            "SELECT loc FROM resources WHERE change != 'deleted' AND datetime_us < ? "
+            "AND (collection = ?" + (" OR collection IS NULL)" if unknown_too else ")")
+        )
+        return [row[0] for row in self._db.execute(query, (before_us, collection))]
+
+    async def held(
+        self, collection: str, *, before: datetime, unknown_too: bool = False
+    ) -> list[str]:
+        """Locs of ``collection`` the mirror holds from changes dated before ``before``.
+
+        What a re-baseline compares with the new Resource List: those it no
+        longer lists were deleted meanwhile.  ``unknown_too`` includes states
+        written before the collection was recorded (safe when a subscriber
+        follows one collection only).
+        """
+        return await self._run(self._held, collection, _to_us(before), unknown_too)
 
     async def apply_log(
         self, loc: str | None = None, limit: int | None = None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .. import discovery, w3cdt
+from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
 from ..collection import collection_id
 from ..envelope import Notification
@@ -66,6 +66,9 @@ class SubscriberConfig:
     safety_poll: float = 300.0
     secrets: dict[str, bytes] | None = None  # key id -> secret; None: accept unsigned
     max_skew: float = DEFAULT_MAX_SKEW  # seconds a change may be dated ahead of this clock
+    # Rules of the specification relaxed reading the Source (--lenient): by default
+    # only entry order, since resync-built Sources write Change Lists out of order.
+    lenient: frozenset[sitemap.Lenient] = frozenset({sitemap.Lenient.ORDER})
     ws_token: str | None = None
     allow_origins: Sequence[str] = ()
     on_change: str | None = None
@@ -231,6 +234,8 @@ class Subscriber:
                 capability_list=cap.url,
                 changelist_url=changelist,
                 checkpoint=Checkpoint(started=True),
+                limits=sitemap.Limits(lenient=config.lenient),
+                stop_at_holes=True,  # a Destination re-baselines (CollectionSync._rebaseline)
             )
             engine = CollectionSync(
                 collection=cid,
@@ -285,6 +290,8 @@ class Subscriber:
                 self.metrics.transport.labels(cid).info({"transport": "mqtt"})
         if not self.engines:
             raise RsNotifyError(f"{config.source}: no Capability List with a Change List to follow")
+        for engine in self.engines.values():
+            engine.sole_collection = len(self.engines) == 1
         if mqtt_sinks and mqtt_url is not None:
             broker = urlsplit(mqtt_url)
             prefix = config.topic_prefix
@@ -386,9 +393,10 @@ class Subscriber:
             collection=engine.collection,
             resourcedump_url=dump,
             workdir=self.state_dir,
+            limits=sitemap.Limits(lenient=self.config.lenient),
         )
         print(f"rsnotify subscribe: {engine.collection}: {summary.line()}", flush=True)
-        return summary.at
+        return summary
 
     async def _run_engine(self, engine: CollectionSync) -> None:
         """Run one collection; after a local failure, restart it from the durable cursor."""
@@ -424,7 +432,9 @@ class Subscriber:
                 f"({engine.stats.applied} applied, {engine.stats.failed} failed)",
                 flush=True,
             )
-        return 1 if any(e.stats.failed for e in self.engines.values()) else 0
+        # Non-zero for a mirror known to be incomplete: failed changes, or a hole
+        # in the Change Lists that no new baseline could close.
+        return 1 if any(e.stats.failed or e.incomplete for e in self.engines.values()) else 0
 
     async def run_forever(self) -> None:
         for engine in self.engines.values():

@@ -46,9 +46,9 @@ from .. import envelope
 from ..backoff import Backoff
 from ..envelope import InvalidNotification, Notification
 from ..errors import DocumentError, FetchError, RsNotifyError
-from ..model import Entry
-from ..publisher.watcher import CollectionWatcher
-from ..tracker import Checkpoint
+from ..model import ChangeType, Entry, sort_chronologically
+from ..publisher.watcher import CollectionWatcher, CoverageHole
+from ..tracker import Checkpoint, Known
 from ..w3cdt import format as format_datetime
 from . import events as ev
 from .applier import Applier, Outcome
@@ -82,6 +82,7 @@ class SyncStats:
     gaps: int = 0
     catchups: int = 0
     refused: int = 0  # pushed notifications refused (future-dated) or not confirmed
+    rebaselines: int = 0  # new baselines taken because the Change Lists left a hole
     doubts: int = 0  # untrusted input that disagreed with the Source (each settled by a walk)
     last_gap: dict[str, Any] = field(default_factory=dict)
     state: str = "starting"  # starting, baseline, catching-up, live
@@ -131,6 +132,11 @@ class CollectionSync:
         self._seqs = SeqMemory()
         self._doubts = DoubtLimiter(doubt_interval)
         self._watcher_synced = False  # the watcher's position is the cursor's (no reset)
+        self._baseline: Callable[[], Any] | None = None  # kept for re-baselines
+        self.incomplete = False  # a hole no baseline could close: --once exits 1
+        # Only collection of its subscriber: states written before collections were
+        # recorded are this one's (a re-baseline may delete them).
+        self.sole_collection = False
         self.resourcelist_url = resourcelist_url
         self.resourcedump_url = resourcedump_url
         self.queue: asyncio.Queue[ev.Event] = asyncio.Queue(QUEUE_SIZE)
@@ -200,14 +206,18 @@ class CollectionSync:
 
     # -- the ordered pipeline ------------------------------------------------------------
 
-    def _submit(self, entry: Entry, changelist: str) -> None:
-        """Apply a Change List entry read from the Source, moving the position over it."""
+    def _submit(self, entry: Entry, changelist: str, *, unordered: bool = False) -> None:
+        """Apply a Change List entry read from the Source, moving the position over it.
+
+        ``unordered``: its list was out of forward chronological order, so the
+        applier asks the Source where a change time would otherwise decide.
+        """
         if not self._submitted.is_new(entry):
             self.stats.skipped += 1
             self._pending.append(_Pending(None, None, None))
         else:
             self._submitted = self._submitted.advance(entry, changelist)
-            future = self.applier.submit(entry)
+            future = self.applier.submit(entry, collection=self.collection, unordered=unordered)
             self._pending.append(_Pending(future, None, self._submitted))
         self._wake.set()
 
@@ -218,7 +228,7 @@ class CollectionSync:
             self.stats.skipped += 1
             self._pending.append(_Pending(None, n.seq, None))
         else:
-            future = self.applier.submit(n, confirmed=self.trusted_push)
+            future = self.applier.submit(n, confirmed=self.trusted_push, collection=self.collection)
             self._pending.append(_Pending(future, n.seq, None, n, self.trusted_push))
         self._wake.set()
 
@@ -365,13 +375,20 @@ class CollectionSync:
                     if not result.count:
                         break
                     for found in result.detections:
-                        for entry in found.entries:
-                            self._submit(entry, found.changelist)
+                        # In change-time order (stable): a list read out of order
+                        # (--lenient order, the default here) is applied as if the
+                        # Source had written it in order; the reader warned once.
+                        unordered = found.changelist in self.watcher.unordered_lists
+                        for entry in sort_chronologically(found.entries):
+                            self._submit(entry, found.changelist, unordered=unordered)
                             applied += 1
                     self.watcher.commit(result.checkpoint)
                 if wait:
                     await self.drain()
                 return applied
+            except CoverageHole as exc:
+                self._watcher_synced = False
+                await self._rebaseline(str(exc))
             except (FetchError, DocumentError) as exc:
                 self._watcher_synced = False
                 if backoff.attempts + 1 >= CATCH_UP_ATTEMPTS:
@@ -388,6 +405,71 @@ class CollectionSync:
                     extra={"collection": self.collection},
                 )
                 await asyncio.sleep(delay)
+
+    def _fresh_checkpoint(self, at: datetime | None) -> Checkpoint:
+        """The position right after a baseline taken at ``at``.
+
+        Unordered reading (``--lenient order``, the Destination's default)
+        starts with no entry known: every entry of the lists still to read
+        goes to the applier, the ones dated before ``at`` included.  A Source
+        that back-dates changes (resync 2.0.1 dates a deletion with the file's
+        old mtime) lists some the baseline did not reflect, and the applier
+        decides each by what the mirror holds, asking the Source when in doubt.
+        """
+        return Checkpoint(
+            last_time=at, started=True, known=Known.of() if self.watcher.unordered else None
+        )
+
+    async def _rebaseline(self, reason: str) -> None:
+        """The Change Lists no longer cover the cursor: take a new baseline, resume from it.
+
+        Z39.99 section 12.1 leaves retention to the Source; when it dropped
+        lists the Destination had not read, only a snapshot can tell what
+        changed meanwhile.  Every resource of the Resource List (Index) or
+        Resource Dump is applied as a creation at the snapshot's ``at``; the
+        applier compares what the mirror already holds and fetches only what
+        differs.  What the mirror holds of this collection from before ``at``
+        and the snapshot no longer lists was deleted meanwhile, and is deleted.
+        Then the walk resumes from ``at``.  A hole that remains after that
+        (the snapshot is older than the lists' start), or with no snapshot to
+        take, cannot be closed from the documents: the walk reads what there
+        is, and the mirror is reported incomplete (``--once`` exits 1).
+        """
+        if self._baseline is None:
+            self._incomplete(reason, "the Source offers no Resource List to re-baseline from")
+            return
+        self.stats.rebaselines += 1
+        self._event("re-baseline", reason, {})
+        await self.drain()
+        summary = await self._baseline()
+        at = getattr(summary, "at", summary)
+        listed = getattr(summary, "locs", None)
+        if at is not None and listed is not None:
+            held = await self.applier.resources.held(
+                self.collection, before=at, unknown_too=self.sole_collection
+            )
+            for loc in held:
+                if loc not in listed:  # deleted while the lists that said so were dropped
+                    gone = Entry(loc=loc, change=ChangeType.DELETED, datetime=at)
+                    future = self.applier.submit(gone, collection=self.collection)
+                    self._pending.append(_Pending(future, None, None))
+            self._wake.set()
+        self.applied = self._submitted = self._fresh_checkpoint(at)
+        await self.drain()
+        remaining = self.watcher.hole_at(self._submitted)
+        if remaining is not None:
+            self._incomplete(remaining, "a new baseline did not close it")
+
+    def _incomplete(self, hole: str, why: str) -> None:
+        log.error(
+            "%s: %s; %s: the mirror may lack changes from that period",
+            self.collection,
+            hole,
+            why,
+            extra={"collection": self.collection},
+        )
+        self._event("incomplete", f"{hole}; {why}", {})
+        self.incomplete = True
 
     async def catch_up(self, gap: Gap, *, wait: bool = True) -> None:
         """Resolve a gap: replay from the log if the channel can, else walk the Change Lists.
@@ -605,7 +687,12 @@ class CollectionSync:
         return None
 
     async def start(self, baseline: Callable[[], Any] | None) -> None:
-        """Load the cursor, baseline if this is the first run, catch up, then go live."""
+        """Load the cursor, baseline if this is the first run, catch up, then go live.
+
+        ``baseline()`` returns a :class:`~.baseline.BaselineSummary` (or just
+        its ``at``); it is called again when the Change Lists leave a hole.
+        """
+        self._baseline = baseline
         if self._committer is not None:  # a restart: one committer per engine, never two
             self._committer.cancel()
             await asyncio.wait({self._committer})  # its outcome is moot; ours still propagates
@@ -616,10 +703,12 @@ class CollectionSync:
         if cursor is None or not cursor.baseline_done:
             if baseline is not None:
                 self.stats.state = "baseline"
-                at = await baseline()
-                self.applied = self._submitted = Checkpoint(last_time=at, started=True)
+                summary = await baseline()
+                self.applied = self._submitted = self._fresh_checkpoint(
+                    getattr(summary, "at", summary)
+                )
             else:
-                self.applied = self._submitted = Checkpoint(started=True)
+                self.applied = self._submitted = self._fresh_checkpoint(None)
             self.baseline_done = True
             await self.save()
         await self.catch_up(Gap("start-up"))
