@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from ..framework import FrameworkNotification
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -72,4 +74,16 @@ class Overflow:
     """The channel dropped events because the engine's queue was full."""
 
 
-Event = Message | Head | Connected | Disconnected | Skipped | TooOld | Invalid | Overflow
+@dataclass(frozen=True, slots=True)
+class Framework:
+    """A Framework Notification from the collection's framework channel (decoded, and
+    signed by the hub): a capability document of the Source changed.  A hint, like
+    every pushed thing: what the engine does with it, it verifies at the Source."""
+
+    notification: FrameworkNotification
+    received: float = field(default_factory=time.time)
+
+
+Event = (
+    Message | Head | Connected | Disconnected | Skipped | TooOld | Invalid | Overflow | Framework
+)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import envelope
+from .. import envelope, framework
 from ..backoff import Backoff
 from ..envelope import InvalidNotification, Notification
 from ..errors import DocumentError, FetchError, RsNotifyError
@@ -148,6 +148,11 @@ class CollectionSync:
         self.baseline_done = False
         self.idle = asyncio.Event()
         self.failure: Exception | None = None
+        # Framework Notification (rsnotify.framework): where the Change List position
+        # stood before the latest walk, and whether a framework notification about
+        # the Change Lists should make one (set when no change channel is followed).
+        self._away_from: datetime | None = None
+        self.framework_polls = False
 
     # -- channel side ---------------------------------------------------------------
 
@@ -421,6 +426,7 @@ class CollectionSync:
             self.stats.state = "live"
             self._event("replay", f"from seq {self.applied_seq + 1}", {})
             return
+        self._away_from = self._submitted.last_time  # for framework.rebaseline_cue
         applied = await self._walk_change_lists(wait=wait)
         self._replay_refused = False
         last_seq: int | None = None
@@ -602,7 +608,43 @@ class CollectionSync:
             return Gap("event queue overflow")
         if isinstance(event, ev.Disconnected):
             self._event("disconnected", event.reason, {})
+        if isinstance(event, ev.Framework):
+            return self._on_framework(event)
         return None
+
+    def _on_framework(self, event: ev.Framework) -> Gap | None:
+        """A Framework Notification: recorded; a cue to re-baseline or to read the Change Lists.
+
+        Each change is an event (``framework``: log, event table, metric).  A
+        new Resource List while the mirror's last walk started before the
+        Change Lists begin is a cue to re-baseline (:func:`framework.
+        rebaseline_cue`); a Change List created or updated makes a walk when
+        no change channel is followed (``framework_polls``).  Both only make
+        the Destination read the Source: the notification itself moves nothing.
+        """
+        changes = event.notification.changes
+        for change in changes:
+            self._event("framework", change.describe(), {"seq": change.seq})
+        reason = framework.rebaseline_cue(
+            changes, position=self._away_from, coverage_start=self.watcher.coverage_start()
+        )
+        if reason is not None:
+            self._away_from = None  # one cue per walk that started outside the coverage
+            self.rebaseline_hint(reason)
+        if self.framework_polls and framework.polls_change_lists(changes):
+            return Gap("framework notification: the Change Lists changed", walk=True)
+        return None
+
+    def rebaseline_hint(self, reason: str) -> None:
+        """Only a fresh baseline brings this mirror up to date (a framework notification says).
+
+        TODO(issue 17 item 3): hand over to the lead's re-baseline (Resource
+        List or Dump, only what differs, then resume from its ``at``) once it
+        exists; until then the hint is reported -- a warning, the event
+        ``rebaseline-hint`` in the event table and the events metric.
+        """
+        log.warning("%s: a fresh baseline is due: %s", self.collection, reason)
+        self._event("rebaseline-hint", reason, {})
 
     async def start(self, baseline: Callable[[], Any] | None) -> None:
         """Load the cursor, baseline if this is the first run, catch up, then go live."""
