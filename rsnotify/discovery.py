@@ -34,6 +34,9 @@ channels:
   capability="change-notification"`` and ``rs:ln rel="hub"`` to the hub
   (:func:`websub_channels`; the 1.0 draft's ``changelist-notification`` is
   read too);
+* Framework Notification channels the same way (its section 5, Example 8:
+  ``capability="framework-notification"``; :func:`framework_channels`): a
+  topic of its own, never taken for a change channel;
 * rsnotify's MQTT and WebSocket channels as document-level ``rs:ln
   rel="urn:x-rsnotify:channel"`` links (:data:`CHANNEL_REL`): an extension
   relation type (RFC 8288 section 2.1.2), which a Destination following
@@ -74,6 +77,7 @@ __all__ = [
     "Via",
     "classify",
     "discover",
+    "framework_channels",
     "links_from_headers",
     "links_from_html",
     "push_channels",
@@ -88,6 +92,7 @@ WELL_KNOWN_PATH = "/.well-known/resourcesync"
 #: rsnotify's MQTT/WebSocket channels in a Capability List (an extension relation type).
 CHANNEL_REL = "urn:x-rsnotify:channel"
 NOTIFICATION_CAPABILITIES = ("change-notification", "changelist-notification")
+FRAMEWORK_CAPABILITIES = ("framework-notification",)
 PUSH_SCHEMES = ("mqtt", "mqtts", "ws", "wss")
 RESOURCESYNC_REL = "resourcesync"
 ROBOTS_MAX_BYTES = 512 * 1024  # Google's robots.txt limit is 500 KiB; anything bigger is not one
@@ -144,20 +149,32 @@ class CapabilityListInfo:
         return websub_channels(self.document)
 
     @property
+    def framework(self) -> list[tuple[str, str]]:
+        """(topic, hub) of each advertised Framework Notification channel (its section 5)."""
+        return framework_channels(self.document)
+
+    @property
     def channels(self) -> list[str]:
         """rsnotify's MQTT and WebSocket channel URLs."""
         return push_channels(self.document)
 
 
-def websub_channels(document: Document) -> list[tuple[str, str]]:
+def websub_channels(
+    document: Document, capabilities: tuple[str, ...] = NOTIFICATION_CAPABILITIES
+) -> list[tuple[str, str]]:
     """(topic, hub) pairs a Capability List advertises as section 5 and Example 7 show."""
     out = []
     for entry in document.entries:
-        if entry.capability in NOTIFICATION_CAPABILITIES:
+        if entry.capability in capabilities:
             hubs = [link.href for link in entry.links if link.rel == "hub"]
             if hubs and urlsplit(hubs[0]).scheme in ("http", "https"):
                 out.append((entry.loc, hubs[0]))
     return out
+
+
+def framework_channels(document: Document) -> list[tuple[str, str]]:
+    """(topic, hub) of the Framework Notification channels (its section 5, Example 8)."""
+    return websub_channels(document, FRAMEWORK_CAPABILITIES)
 
 
 def push_channels(document: Document) -> list[str]:

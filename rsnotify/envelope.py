@@ -55,7 +55,7 @@ import orjson
 from . import w3cdt
 from .collection import is_valid_collection_id
 from .errors import DocumentError, InvalidDatetime, RsNotifyError
-from .model import ChangeType, Entry, Link, Root, make_document
+from .model import ChangeType, Document, Entry, Link, Root, make_document
 
 VERSION = 1
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -432,28 +432,43 @@ def _entry_of(n: Notification) -> Entry:
     )
 
 
+def entry_fragment(entry: Entry) -> bytes:
+    """The ``<url>`` element of one entry, self-contained (its rsnotify namespace declared).
+
+    Change and Framework Notifications share the ``<urlset>`` structure
+    (section 3 of both texts): each renders its entries with this and
+    :func:`compose` puts the header around them.
+    """
+    from . import sitemap
+
+    return sitemap._entry_xml(entry, "url").encode("utf-8")
+
+
 def url_fragment(n: Notification) -> bytes:
-    """The ``<url>`` element of one change, self-contained (its rsnotify namespace declared).
+    """The ``<url>`` element of one change (see :func:`entry_fragment`).
 
     Transports that group changes render each change's element once and
     :func:`compose` notifications from them.
     """
-    from . import sitemap
-
-    return sitemap._entry_xml(_entry_of(n), "url").encode("utf-8")
+    return entry_fragment(_entry_of(n))
 
 
 def compose(
     fragments: Sequence[bytes],
     *,
-    capabilitylist: str,
-    from_: datetime,
-    until: datetime,
+    capabilitylist: str | None,
+    from_: datetime | None,
+    until: datetime | None,
     collection: str | None = None,
     published: datetime | None = None,
     capability: str = NOTIFICATION_CAPABILITY,
 ) -> bytes:
-    """A Change Notification document from :func:`url_fragment` elements (section 3)."""
+    """A notification document from :func:`entry_fragment` elements (section 3).
+
+    ``capability`` is ``change-notification`` (``from``/``until`` mandatory)
+    or ``framework-notification`` (both optional, as is the ``up`` link:
+    Framework Notification 1.0.1 section 3).
+    """
     from . import sitemap
 
     extra = {_RSN + "version": str(VERSION)}
@@ -466,7 +481,7 @@ def compose(
         capability,
         from_=from_,
         until=until,
-        links=[Link(rel="up", href=capabilitylist)],
+        links=[Link(rel="up", href=capabilitylist)] if capabilitylist else [],
         md_extra=extra,
     )
     head = "".join(sitemap.iter_xml(header)).encode("utf-8")
@@ -514,23 +529,13 @@ def decode_batch(
         return ChangeNotification(
             n.capabilitylist, n.interval_start, n.datetime, [n], published=n.published
         )
-    from . import sitemap
-
-    if len(payload) > max_bytes:
-        raise InvalidNotification(f"payload of {len(payload)} bytes exceeds {max_bytes}")
-    try:
-        document = sitemap.parse(payload, limits=sitemap.Limits(max_bytes=max_bytes))
-    except DocumentError as exc:
-        raise InvalidNotification(f"payload is not a ResourceSync document: {exc}") from None
+    document = read_document(
+        payload,
+        (NOTIFICATION_CAPABILITY, OBSOLETE_CAPABILITY),
+        spec="Change Notification 1.0.1 section 3",
+        max_bytes=max_bytes,
+    )
     capability = document.capability
-    if document.root is not Root.URLSET or capability not in (
-        NOTIFICATION_CAPABILITY,
-        OBSOLETE_CAPABILITY,
-    ):
-        raise InvalidNotification(
-            f"expected a <urlset> with rs:md capability={NOTIFICATION_CAPABILITY!r} "
-            f"(Change Notification 1.0.1 section 3), got {capability[:40]!r}"
-        )
     if capability == NOTIFICATION_CAPABILITY and (document.from_ is None or document.until is None):
         raise InvalidNotification(
             "a change-notification's rs:md needs from and until (Change Notification 1.0.1 "
@@ -566,6 +571,32 @@ def decode_batch(
     return ChangeNotification(
         document.up, document.from_, document.until, changes, capability=capability, published=stamp
     )
+
+
+def read_document(
+    payload: bytes, capabilities: Sequence[str], *, spec: str, max_bytes: int
+) -> Document:
+    """Parse a notification payload: a ``<urlset>`` whose root ``rs:md`` names one of
+    ``capabilities`` (the shared structure of section 3 of both notification texts).
+
+    The document parser's safe settings apply (no entities, no network,
+    bounded); anything else is an :class:`InvalidNotification` naming ``spec``.
+    """
+    from . import sitemap
+
+    if len(payload) > max_bytes:
+        raise InvalidNotification(f"payload of {len(payload)} bytes exceeds {max_bytes}")
+    try:
+        document = sitemap.parse(payload, limits=sitemap.Limits(max_bytes=max_bytes))
+    except DocumentError as exc:
+        raise InvalidNotification(f"payload is not a ResourceSync document: {exc}") from None
+    capability = document.capability
+    if document.root is not Root.URLSET or capability not in capabilities:
+        raise InvalidNotification(
+            f"expected a <urlset> with rs:md capability={capabilities[0]!r} "
+            f"({spec}), got {capability[:40]!r}"
+        )
+    return document
 
 
 def _same_collection(named: str | None, expected: str | None) -> None:

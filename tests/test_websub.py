@@ -159,13 +159,20 @@ class PlainSubscriber:
         self.problems.append(what)
         return web.Response(status=204)  # acknowledged, then ignored (WebSub 7)
 
-    async def receive(self, request: web.Request) -> web.Response:
-        body = await request.read()
+    def refused(self, request: web.Request, body: bytes) -> web.Response | None:
+        """The answer to a delivery that is not signed with our secret or not XML, else None."""
         expected = "sha256=" + hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
         if not hmac.compare_digest(request.headers.get("X-Hub-Signature", ""), expected):
             return self._problem("bad or missing X-Hub-Signature")
         if request.headers.get("Content-Type") != "application/xml":
             return self._problem(f"Content-Type {request.headers.get('Content-Type')}")
+        return None
+
+    async def receive(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        refused = self.refused(request, body)
+        if refused is not None:
+            return refused
         link = (
             f'<{self.topic}>; rel="self", <{self.hub}>; rel="hub", '
             f'<{self.capability_list}>; rel="resourcesync"'

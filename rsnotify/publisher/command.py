@@ -40,6 +40,16 @@ def parse_retention(text: str) -> Retention:
     return Retention(max_len=max_len, max_age_s=max_age)
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds, 0 or more")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -216,6 +226,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "hub.mode=publish, for hubs that fetch the topic",
     )
     push.add_argument(
+        "--framework-interval",
+        type=_non_negative_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="with --websub: check the Resource List, Dumps and Change Lists this often and "
+        "publish Framework Notification 1.0.1 on each collection's <topic>/framework "
+        "(default 30; 0: off)",
+    )
+    push.add_argument(
         "--write-hubs",
         action="store_true",
         help="directory SOURCE: advertise the channels in its Capability Lists "
@@ -351,5 +370,6 @@ def run(args: argparse.Namespace) -> int:
         websub_max_per_host=args.websub_max_per_client,
         websub_hub=args.websub_hub,
         websub_hub_mode=args.websub_hub_mode,
+        framework_interval=args.framework_interval,
     )
     return asyncio.run(service.run(config))

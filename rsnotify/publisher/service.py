@@ -28,12 +28,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .. import discovery, sitemap, w3cdt
+from .. import discovery, framework, sitemap, w3cdt
 from ..backoff import Backoff
 from ..collection import collection_id
 from ..envelope import Notification, to_json
 from ..errors import DocumentError, FetchError, RsNotifyError
 from ..fetch import Fetcher
+from ..framework import FrameworkChange
 from ..httppolicy import HttpPolicy
 from ..log import Fenced, LogConflict, LogUnavailable, NotificationLog, Retention, open_log
 from ..log.tail_cache import TailCache
@@ -44,6 +45,7 @@ from ..report import PublisherReporter
 from ..tracker import Checkpoint, Detection
 from . import fswatch
 from .access import DirectoryAccess, DocumentAccess, HttpAccess
+from .frameworkwatch import FrameworkState, FrameworkWatcher
 from .watcher import CollectionWatcher
 
 log = logging.getLogger("rsnotify.publish")
@@ -55,6 +57,7 @@ T = TypeVar("T")
 # loop (PUBACKs, WebSocket clients) is never held longer than that.
 DETECT_CHUNK = 2_000
 COLLECTION_REFRESH = 5.0  # seconds between reads of the log's collection list (--mqtt-only)
+FRAMEWORK_MIN_GAP = 1.0  # seconds: a publish ping makes a framework check at most this often
 
 
 @dataclass(slots=True)
@@ -111,6 +114,9 @@ class PublisherConfig:
     websub_max_per_host: int = 100  # ... per callback host
     websub_hub: str | None = None  # a WebSub hub run by others to hand notifications to
     websub_hub_mode: str = "post"  # post (section 4.1) or ping (hub.mode=publish)
+    # Framework Notification 1.0.1 (with --websub): seconds between checks of the
+    # Capability List's Resource List, Dumps and Change Lists; 0 turns it off.
+    framework_interval: float = 30.0
 
 
 @dataclass(slots=True)
@@ -120,6 +126,9 @@ class _Collection:
     watcher: CollectionWatcher
     head: int = 0
     trigger: asyncio.Event = field(default_factory=asyncio.Event)
+    framework: FrameworkWatcher | None = None  # with --websub and --framework-interval
+    framework_head: int = 0
+    framework_trigger: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Publisher:
@@ -214,6 +223,14 @@ class Publisher:
                 limits=sitemap.Limits(lenient=self.config.lenient),
             )
             self.collections[cid] = _Collection(cid, cap.url, watcher, head=head)
+            if self._framework_enabled():
+                self.collections[cid].framework = FrameworkWatcher(
+                    access=self._access,
+                    collection=cid,
+                    capability_list=cap.url,
+                    changes=watcher,
+                    limits=sitemap.Limits(lenient=self.config.lenient),
+                )
             self.metrics.head.labels(cid).set(head)
             log.info(
                 "watching %s (collection %s, head %d)",
@@ -277,6 +294,10 @@ class Publisher:
         if config.watch:
             self._start_fs_watch()
 
+    def _framework_enabled(self) -> bool:
+        """Framework notifications travel on the WebSub hub's framework topics only."""
+        return bool(self.config.websub) and self.config.framework_interval > 0
+
     async def _on_elected(self, leadership: Any) -> None:
         self._fence = leadership.token
         self.is_leader = True
@@ -312,6 +333,8 @@ class Publisher:
             return
         for collection in self.collections.values():
             self._leading.append(asyncio.create_task(self._watch(collection)))
+            if collection.framework is not None:
+                self._leading.append(asyncio.create_task(self._watch_framework(collection)))
         self._leading.append(asyncio.create_task(self._maintain()))
 
     def _start_pusher(self) -> None:
@@ -432,6 +455,7 @@ class Publisher:
             publish_secret=config.secret,
             on_publish=self._on_publish,
             external_hubs=[config.websub_hub] if config.websub_hub else [],
+            framework_topics=self._framework_enabled(),
         )
         try:
             await hub.start()
@@ -470,6 +494,7 @@ class Publisher:
         found = self.collections.get(collection)
         if found is not None:
             found.trigger.set()
+            found.framework_trigger.set()
 
     async def _start_hub_pusher(self) -> None:
         """``--websub-hub``: hand every notification to a hub run by others (leader only)."""
@@ -511,6 +536,22 @@ class Publisher:
             return None
         return self.websub.topic(collection), self.config.websub_hub or self.websub.url
 
+    def framework_advertisement(self, collection: str) -> tuple[str, str] | None:
+        """(topic, hub) of the collection's Framework Notification channel (its section 5).
+
+        Always on this publisher's own hub: the framework stream is not handed
+        to a ``--websub-hub`` (see the README).
+        """
+        if not self._framework_enabled():
+            return None
+        if self.websub is not None:
+            return self.websub.framework_topic(collection), self.websub.url
+        planned = self.planned_websub(collection)  # --ha follower: the leader's hub
+        if planned is None:
+            return None
+        base = planned[0][: -len(collection)]
+        return planned[0] + framework.TOPIC_SUFFIX, base
+
     def hub_links(self, collection: str) -> list[str]:
         """The collection's MQTT and WebSocket channels (``rel="urn:x-rsnotify:channel"``)."""
         hrefs = []
@@ -542,7 +583,7 @@ class Publisher:
         """
         from .. import sitemap
         from ..discovery import CHANNEL_REL, PUSH_SCHEMES
-        from ..envelope import NOTIFICATION_CAPABILITY, OBSOLETE_CAPABILITY
+        from ..envelope import FRAMEWORK_CAPABILITY, NOTIFICATION_CAPABILITY, OBSOLETE_CAPABILITY
         from ..model import Entry, Link
 
         assert isinstance(self._access, DirectoryAccess)
@@ -557,20 +598,19 @@ class Publisher:
             known = {ln.href for ln in links if ln.rel == CHANNEL_REL}
             links += [Link(rel=CHANNEL_REL, href=h) for h in self.hub_links(cid) if h not in known]
             entries = [e for e in document.entries if e.capability != OBSOLETE_CAPABILITY]
-            websub = self.websub_advertisement(cid)
-            if websub is not None:
+            channels = [
+                (NOTIFICATION_CAPABILITY, self.websub_advertisement(cid)),
+                (FRAMEWORK_CAPABILITY, self.framework_advertisement(cid)),
+            ]
+            for capability, websub in channels:
+                if websub is None:
+                    continue
                 topic, hub = websub
                 entries = [
-                    e
-                    for e in entries
-                    if not (e.capability == NOTIFICATION_CAPABILITY and e.loc == topic)
+                    e for e in entries if not (e.capability == capability and e.loc == topic)
                 ]
                 entries.append(
-                    Entry(
-                        loc=topic,
-                        capability=NOTIFICATION_CAPABILITY,
-                        links=[Link(rel="hub", href=hub)],
-                    )
+                    Entry(loc=topic, capability=capability, links=[Link(rel="hub", href=hub)])
                 )
             if links == document.links and entries == document.entries:
                 continue
@@ -762,6 +802,8 @@ class Publisher:
                 max_len=self.config.retention.max_len,
             )
             watcher.commit(checkpoint)
+            if collection.framework is not None:  # a "changelist updated" at the next check
+                collection.framework.note_entries(found.changelist, entries[-1].change_time)
             self.metrics.detected.labels(collection.id).inc(len(entries))
             self.metrics.head.labels(collection.id).set(collection.head)
             now = time.time()
@@ -777,6 +819,95 @@ class Publisher:
                 extra={"collection": collection.id, "seq": collection.head},
             )
 
+    async def _watch_framework(self, collection: _Collection) -> None:
+        """Check the collection's framework; log what changed in its framework stream.
+
+        Every ``--framework-interval`` seconds, and at once (at most every
+        :data:`FRAMEWORK_MIN_GAP` s) when a Source pings.  The records and the
+        state they were found against are appended in one step (see
+        :mod:`.frameworkwatch`), under the leader's fence.
+        """
+        assert self.log is not None and collection.framework is not None
+        watcher = collection.framework
+        stream = framework.stream(collection.id)
+        interval = self.config.framework_interval
+        backoff = Backoff(maximum=max(interval, 10.0))
+        loaded = False
+        while not self._stopping.is_set():
+            delay = interval
+            try:
+                if not loaded:  # at each leadership: what the last leader committed
+                    watcher.state = FrameworkState.from_json(await self.log.checkpoint(stream))
+                    collection.framework_head = await self.log.head(stream)
+                    loaded = True
+                first = not watcher.state.started
+                collection.framework_trigger.clear()  # a ping from now on: check again
+                state, changes = await watcher.check(w3cdt.now())
+                if changes or state != watcher.state:
+                    await self._log_framework(collection, state, changes)
+                if first:
+                    log.info(
+                        "%s: framework: watching %s and the Change Lists (every %gs)",
+                        collection.id,
+                        ", ".join(sorted(state.advertised)) or "no other capability",
+                        interval,
+                        extra={"collection": collection.id},
+                    )
+                backoff.reset()
+            except asyncio.CancelledError:
+                raise
+            except Fenced as exc:
+                log.warning("%s; another publisher leads now", exc)
+                return
+            except LogConflict:
+                loaded = False
+                continue
+            except (FetchError, DocumentError, LogUnavailable) as exc:
+                delay = min(interval, backoff.next())
+                log.warning(
+                    "%s: framework check failed (%s); retrying in %.1fs",
+                    collection.id,
+                    exc,
+                    delay,
+                    extra={"collection": collection.id},
+                )
+            await self._sleep(min(FRAMEWORK_MIN_GAP, delay))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, delay - FRAMEWORK_MIN_GAP)):
+                    await collection.framework_trigger.wait()
+
+    async def _log_framework(
+        self, collection: _Collection, state: FrameworkState, changes: list[FrameworkChange]
+    ) -> None:
+        """Append a check's framework changes with the state they were found against."""
+        assert self.log is not None and collection.framework is not None
+        head = collection.framework_head
+        records = []
+        for i, change in enumerate(changes, start=1):
+            change.seq = head + i
+            records.append(
+                framework.to_record(
+                    change, collection=collection.id, capabilitylist=collection.capability_list
+                )
+            )
+        collection.framework_head = await self.log.append(
+            framework.stream(collection.id),
+            records,
+            expected_head=head,
+            checkpoint=state.to_json(),
+            fence=self._fence,
+            max_len=self.config.retention.max_len,
+        )
+        collection.framework.commit(state)
+        for change in changes:
+            log.info(
+                "%s: framework notification %d: %s",
+                collection.id,
+                change.seq,
+                change.describe(),
+                extra={"collection": collection.id, "seq": change.seq},
+            )
+
     async def _maintain(self) -> None:
         """Apply age retention and refresh gauges once a minute."""
         assert self.log is not None
@@ -787,6 +918,12 @@ class Publisher:
                         collection.id, self.config.retention, int(time.time() * 1000)
                     )
                     self.metrics.earliest.labels(collection.id).set(earliest)
+                    if collection.framework is not None:
+                        await self.log.trim(
+                            framework.stream(collection.id),
+                            self.config.retention,
+                            int(time.time() * 1000),
+                        )
             await self._sleep(60.0)
 
     # -- shutdown -------------------------------------------------------------------
@@ -798,7 +935,8 @@ class Publisher:
             self._fswatch.close()
         leading, self._leading = self._leading, []
         for task in leading:
-            if task.get_coro().__name__ in ("_watch", "_maintain"):  # type: ignore[union-attr]
+            name = task.get_coro().__name__  # type: ignore[union-attr]
+            if name in ("_watch", "_watch_framework", "_maintain"):
                 task.cancel()
         if self._mqtt is not None:
             with contextlib.suppress(Exception):
@@ -852,13 +990,18 @@ async def run(config: PublisherConfig, *, ready: asyncio.Event | None = None) ->
             link = f'<rs:ln rel="urn:x-rsnotify:channel" href="{href}"/>'
             print(f"rsnotify publish:   advertise {link}", flush=True)
         websub = publisher.websub_advertisement(cid) or publisher.planned_websub(cid)
-        if websub is not None:
-            print(
-                f"rsnotify publish:   advertise <url><loc>{websub[0]}</loc>"
-                f'<rs:ln rel="hub" href="{websub[1]}"/>'
-                f'<rs:md capability="change-notification"/></url>',
-                flush=True,
-            )
+        channels = [
+            ("change-notification", websub),
+            ("framework-notification", publisher.framework_advertisement(cid)),
+        ]
+        for capability, channel in channels:
+            if channel is not None:
+                print(
+                    f"rsnotify publish:   advertise <url><loc>{channel[0]}</loc>"
+                    f'<rs:ln rel="hub" href="{channel[1]}"/>'
+                    f'<rs:md capability="{capability}"/></url>',
+                    flush=True,
+                )
     if config.write_hubs:
         if not publisher._is_directory():
             print("rsnotify publish: --write-hubs needs a local directory SOURCE", flush=True)

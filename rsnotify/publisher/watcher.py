@@ -130,6 +130,24 @@ class CollectionWatcher:
         """The Change Lists the index named at the last read."""
         return [ref.url for ref in self._refs]
 
+    def list_refs(self) -> list[ListRef]:
+        """The Change Lists at the last read, with the intervals the index gives them."""
+        return list(self._refs)
+
+    @property
+    def index_url(self) -> str | None:
+        """The Change List Index read (None: a single Change List, or nothing read yet)."""
+        return self.changelist_url if self._single_list is False else None
+
+    def coverage_start(self) -> datetime | None:
+        """The earliest ``from`` of the Change Lists at the last read (None: not known).
+
+        Before it the Change Lists say nothing: a Destination whose position
+        is older was away longer than they cover.
+        """
+        starts = [ref.from_ for ref in self._refs if ref.from_ is not None]
+        return min(starts) if starts else None
+
     def commit(self, checkpoint: Checkpoint) -> None:
         """The service logged everything up to ``checkpoint``."""
         self.checkpoint = checkpoint

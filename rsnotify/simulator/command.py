@@ -120,7 +120,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="advertise a push channel in every Capability List ({collection} is replaced by "
         "c1, c2..., {id} by the rsnotify collection id): http(s) as a WebSub topic (Change "
-        "Notification section 5; hub = the URL before {id}), mqtt/ws as rsnotify channels; "
+        "Notification section 5; hub = the URL before {id}) with its framework topic "
+        "URL/framework (Framework Notification section 5), mqtt/ws as rsnotify channels; "
         "repeatable",
     )
     shape.add_argument(

@@ -227,6 +227,8 @@ class Change:
 
 
 CHANGE_NOTIFICATION = "change-notification"
+FRAMEWORK_NOTIFICATION = "framework-notification"
+FRAMEWORK_TOPIC_SUFFIX = "/framework"  # rsnotify's hub: <topic>/framework (rsnotify.framework)
 CHANNEL_REL = "urn:x-rsnotify:channel"
 
 
@@ -598,8 +600,12 @@ class Source:
         in ``<loc>``, ``rs:ln rel="hub"`` to the hub root (the template up to
         its first placeholder, so ``http://HOST:PORT/{id}`` is the topic of
         ``rsnotify publish --websub HOST:PORT``) and ``capability=
-        "change-notification"``.  ``mqtt://`` and ``ws://`` templates become
-        ``rs:ln rel="urn:x-rsnotify:channel"`` links (see rsnotify.discovery).
+        "change-notification"``; beside it the framework channel of that hub
+        (Framework Notification 1.0.1 section 5, Example 8: topic
+        ``<topic>/framework``, where ``rsnotify publish --websub`` serves it,
+        ``capability="framework-notification"``).  ``mqtt://`` and ``ws://``
+        templates become ``rs:ln rel="urn:x-rsnotify:channel"`` links (see
+        rsnotify.discovery).
         """
         layout = self.layout
         cid = collection_id(layout.capability_list(collection.name))
@@ -611,13 +617,16 @@ class Source:
         for template in self.hubs:
             href = template.replace("{collection}", collection.name).replace("{id}", cid)
             if urlsplit(href).scheme in ("http", "https"):
-                entries.append(
-                    Entry(
-                        loc=href,
-                        capability=CHANGE_NOTIFICATION,
-                        links=[Link(rel="hub", href=hub_root(template))],
-                    )
+                channels = (
+                    (href, CHANGE_NOTIFICATION),
+                    (href.rstrip("/") + FRAMEWORK_TOPIC_SUFFIX, FRAMEWORK_NOTIFICATION),
                 )
+                entries += [
+                    Entry(
+                        loc=topic, capability=kind, links=[Link(rel="hub", href=hub_root(template))]
+                    )
+                    for topic, kind in channels
+                ]
             else:
                 links.append(Link(rel=CHANNEL_REL, href=href))
         return make_document(Root.URLSET, Capability.CAPABILITYLIST, links=links, entries=entries)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from ..framework import FrameworkNotification
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -89,6 +91,25 @@ class Overflow:
     """The channel dropped events because the engine's queue was full."""
 
 
+@dataclass(frozen=True, slots=True)
+class Framework:
+    """A Framework Notification from the collection's framework channel (decoded, and
+    signed by the hub): a capability document of the Source changed.  A hint, like
+    every pushed thing: what the engine does with it, it verifies at the Source."""
+
+    notification: FrameworkNotification
+    received: float = field(default_factory=time.time)
+
+
 Event = (
-    Message | Head | Connected | Disconnected | Unavailable | Skipped | TooOld | Invalid | Overflow
+    Message
+    | Head
+    | Connected
+    | Disconnected
+    | Unavailable
+    | Skipped
+    | TooOld
+    | Invalid
+    | Overflow
+    | Framework
 )

@@ -259,6 +259,9 @@ class Subscriber:
             if config.once:
                 continue
             hub = self._hub_for(cap)
+            if cap.framework and config.callback:  # Framework Notification: a channel of its own
+                self._channels.append(self._websub_channel(cap, cid, "websub", engine, True))
+                engine.framework_polls = hub is None  # then it is the only push this engine gets
             if hub is None:
                 if cap.websub:
                     log.warning(
@@ -339,8 +342,11 @@ class Subscriber:
             where,
         )
 
-    def _websub_channel(self, cap: Any, cid: str, via: str, engine: CollectionSync) -> Any:
-        """A WebSub subscription for one collection (wiring; see :mod:`.websub`)."""
+    def _websub_channel(
+        self, cap: Any, cid: str, via: str, engine: CollectionSync, framework: bool = False
+    ) -> Any:
+        """A WebSub subscription for one collection's change (or framework) topic
+        (wiring; see :mod:`.websub`)."""
         from .websub import CallbackServer, WebSubChannel, load_secret, websub_target
 
         if not self.config.callback:
@@ -349,7 +355,10 @@ class Subscriber:
             self._callbacks = CallbackServer(
                 self.config.callback, listen=self.config.callback_listen
             )
-        hub, topic = websub_target(cap, cid, via)
+        if framework:  # as advertised (Framework Notification section 5)
+            topic, hub = cap.framework[0]
+        else:
+            hub, topic = websub_target(cap, cid, via)
         return WebSubChannel(
             self._callbacks,
             hub=hub,
@@ -358,6 +367,7 @@ class Subscriber:
             sink=engine.offer,
             secret=load_secret(self.state_dir),
             lease_seconds=self.config.websub_lease,
+            framework_topic=framework,
         )
 
     def _telemetry(self, collection: str):  # type: ignore[no-untyped-def]

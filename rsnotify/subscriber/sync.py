@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import envelope
+from .. import envelope, framework
 from ..backoff import Backoff
 from ..envelope import InvalidNotification, Notification
 from ..errors import DocumentError, FetchError, RsNotifyError
@@ -154,6 +154,11 @@ class CollectionSync:
         self.baseline_done = False
         self.idle = asyncio.Event()
         self.failure: Exception | None = None
+        # Framework Notification (rsnotify.framework): where the Change List position
+        # stood before the latest walk, and whether a framework notification about
+        # the Change Lists should make one (set when no change channel is followed).
+        self._away_from: datetime | None = None
+        self.framework_polls = False
 
     # -- channel side ---------------------------------------------------------------
 
@@ -503,6 +508,7 @@ class CollectionSync:
             self.stats.state = "live"
             self._event("replay", f"from seq {self.applied_seq + 1}", {})
             return
+        self._away_from = self._submitted.last_time  # for framework.rebaseline_cue
         applied = await self._walk_change_lists(wait=wait)
         self._replay_refused = False
         last_seq: int | None = None
@@ -684,6 +690,34 @@ class CollectionSync:
             return Gap("event queue overflow")
         if isinstance(event, ev.Disconnected):
             self._event("disconnected", event.reason, {})
+        if isinstance(event, ev.Framework):
+            return self._on_framework(event)
+        return None
+
+    def _on_framework(self, event: ev.Framework) -> Gap | None:
+        """A Framework Notification: recorded; a cue to re-baseline or to read the Change Lists.
+
+        Each change is an event (``framework``: log, event table, metric).  A
+        new Resource List while the mirror's last walk started before the
+        Change Lists begin is a cue to re-baseline (:func:`framework.
+        rebaseline_cue`); a Change List created or updated makes a walk when
+        no change channel is followed (``framework_polls``).  Both only make
+        the Destination read the Source: the notification itself moves nothing.
+        """
+        changes = event.notification.changes
+        for change in changes:
+            self._event("framework", change.describe(), {"seq": change.seq})
+        reason = framework.rebaseline_cue(
+            changes, position=self._away_from, coverage_start=self.watcher.coverage_start()
+        )
+        if reason is not None:
+            self._away_from = None  # one cue per walk that started outside the coverage
+            # The walk verifies at the Source: it finds the hole in the Change
+            # Lists and re-baselines (_rebaseline), or finds none and goes on.
+            self._event("rebaseline-hint", reason, {})
+            return Gap(f"framework notification: {reason}", walk=True)
+        if self.framework_polls and framework.polls_change_lists(changes):
+            return Gap("framework notification: the Change Lists changed", walk=True)
         return None
 
     async def start(self, baseline: Callable[[], Any] | None) -> None:

@@ -43,6 +43,15 @@ What becomes an event
     section 4.1 says the topic answers it like a GET, and a GET may be what
     a hub that fetches topics is waiting for.)
 
+Framework notifications (Framework Notification 1.0.1)
+    When the Capability List also advertises a framework channel (its
+    section 5, Example 8: ``capability="framework-notification"``), a second
+    channel subscribes to that topic with the callback ``<PATH>/<c>/framework``
+    and the same secret.  It hands the engine ``Framework`` events, nothing
+    else: no ``Connected``, no heartbeat, and a payload it cannot read or
+    trust is logged and dropped, never a catch-up (a framework notification
+    is a hint to poll, and losing one loses no change).
+
 Which hub and topic
     A Capability List entry with ``rs:md capability="change-notification"``
     (section 5; the 1.0 draft's ``changelist-notification`` too): ``<loc>``
@@ -55,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -67,9 +77,10 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 from aiohttp import web
 
-from .. import w3cdt
+from .. import framework, w3cdt
 from ..backoff import Backoff
 from ..discovery import websub_channels
+from ..envelope import InvalidNotification
 from ..errors import RsNotifyError
 from ..transport import websubproto as proto
 from ..transport.websubguard import quote
@@ -170,8 +181,10 @@ class CallbackServer:
         if self._runner is not None:
             return
         app = web.Application(client_max_size=MAX_BODY)
-        app.router.add_get(self.base_path + "/{collection}", self._verify)
-        app.router.add_post(self.base_path + "/{collection}", self._receive)
+        for suffix in ("", framework.TOPIC_SUFFIX):  # a collection's change and framework channels
+            path = self.base_path + "/{collection}" + suffix
+            app.router.add_get(path, functools.partial(self._verify, suffix))
+            app.router.add_post(path, functools.partial(self._receive, suffix))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
@@ -182,28 +195,31 @@ class CallbackServer:
             await self._runner.cleanup()
             self._runner = None
 
-    def _channel(self, request: web.Request) -> WebSubChannel:
-        channel = self.channels.get(request.match_info["collection"])
+    def _channel(self, request: web.Request, suffix: str) -> WebSubChannel:
+        channel = self.channels.get(request.match_info["collection"] + suffix)
         if channel is None:
             raise web.HTTPNotFound()
         return channel
 
-    async def _verify(self, request: web.Request) -> web.Response:
-        return self._channel(request).on_verify(dict(request.query))
+    async def _verify(self, suffix: str, request: web.Request) -> web.Response:
+        return self._channel(request, suffix).on_verify(dict(request.query))
 
-    async def _receive(self, request: web.Request) -> web.Response:
-        channel = self._channel(request)
+    async def _receive(self, suffix: str, request: web.Request) -> web.Response:
+        channel = self._channel(request, suffix)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            channel.sink(ev.Invalid("a WebSub POST larger than 1 MiB"))
+            if channel.framework:
+                channel._untrusted("a WebSub POST larger than 1 MiB")
+            else:
+                channel.sink(ev.Invalid("a WebSub POST larger than 1 MiB"))
             return web.Response(status=413)
         channel.on_content(body, request.headers)
         return web.Response(status=204)
 
 
 class WebSubChannel:
-    """One collection's subscription at a WebSub hub."""
+    """One collection's subscription at a WebSub hub (its change or its framework topic)."""
 
     def __init__(
         self,
@@ -216,6 +232,7 @@ class WebSubChannel:
         secret: bytes,
         lease_seconds: int | None = None,
         heartbeat: float = 5.0,
+        framework_topic: bool = False,
     ) -> None:
         self.server = server
         self.hub = hub
@@ -225,14 +242,16 @@ class WebSubChannel:
         self.secret = secret
         self.lease_seconds = lease_seconds
         self.heartbeat = heartbeat
-        self.callback = server.callback_for(collection)
+        self.framework = framework_topic
+        self.key = collection + (framework.TOPIC_SUFFIX if framework_topic else "")
+        self.callback = server.callback_for(self.key)
         self.granted: int | None = None
         self.untrusted = Throttle(INVALID_INTERVAL)
         self._warned_sha1 = False
         self._intent: str | None = None  # the hub.mode we are asking for right now
         self._verified = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        server.channels[collection] = self
+        server.channels[self.key] = self
 
     # -- the hub's requests -------------------------------------------------------------
 
@@ -271,6 +290,9 @@ class WebSubChannel:
             )
         if not body.strip():
             return  # a topic with no content (section 4.1): nothing to apply
+        if self.framework:
+            self._on_framework(body, get(proto.TYPE_HEADER))
+            return
         if get(proto.TYPE_HEADER) == "gap_too_old":
             notice = proto.read_gap(body)
             if notice is None:
@@ -288,10 +310,29 @@ class WebSubChannel:
             )
         )
 
+    def _on_framework(self, body: bytes, kind: str | None) -> None:
+        """A framework topic's POST: a ``Framework`` event, or a line in the log."""
+        if kind == "gap_too_old":
+            log.info("%s: some framework notifications are beyond the hub's log", self.collection)
+            return
+        try:
+            notification = framework.decode(body)
+        except InvalidNotification as exc:
+            self._untrusted(f"an unreadable framework notification: {exc}")
+            return
+        self.sink(ev.Framework(notification))
+
     def _untrusted(self, reason: str) -> None:
-        """Report an untrusted POST to the engine, at most once per :data:`INVALID_INTERVAL`."""
+        """Report an untrusted POST to the engine, at most once per :data:`INVALID_INTERVAL`.
+
+        On a framework channel it is only logged (at most as often): losing a
+        framework notification loses no change, so it is never a catch-up.
+        """
         if self.untrusted.allow(time.monotonic()):
-            self.sink(ev.Invalid(reason))
+            if self.framework:
+                log.warning("%s: ignored on the framework channel: %s", self.collection, reason)
+            else:
+                self.sink(ev.Invalid(reason))
         elif self.untrusted.dropped in (1, 100) or self.untrusted.dropped % 1000 == 0:
             log.warning(
                 "%s: %d untrusted WebSub POST(s) ignored (one catch-up per %gs)",
@@ -342,8 +383,10 @@ class WebSubChannel:
                 await asyncio.sleep(delay)
                 continue
             backoff.reset()
-            log.info("%s: subscribed at %s (lease %ds)", self.collection, self.hub, lease)
-            self.sink(ev.Connected(session_present=True))
+            what = "subscribed to framework notifications" if self.framework else "subscribed"
+            log.info("%s: %s at %s (lease %ds)", self.collection, what, self.hub, lease)
+            if not self.framework:  # the change channel's (re)connection is the engine's cue
+                self.sink(ev.Connected(session_present=True))
             await asyncio.sleep(max(0.5, lease * RENEW_AT))
 
     async def _heartbeat_loop(self, http: aiohttp.ClientSession) -> None:
@@ -370,7 +413,10 @@ class WebSubChannel:
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=10)
         async with aiohttp.ClientSession(timeout=timeout) as http:
-            await asyncio.gather(self._subscription_loop(http), self._heartbeat_loop(http))
+            if self.framework:  # no heartbeat: the framework stream's head means nothing here
+                await self._subscription_loop(http)
+            else:
+                await asyncio.gather(self._subscription_loop(http), self._heartbeat_loop(http))
 
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._start_and_run()))
@@ -396,6 +442,6 @@ class WebSubChannel:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self.server.channels.pop(self.collection, None)
+        self.server.channels.pop(self.key, None)
         if not self.server.channels:
             await self.server.stop()

@@ -67,7 +67,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from .. import envelope, outbound
+from .. import envelope, framework, outbound
 from ..cancellation import raise_if_cancelled
 from ..collection import is_valid_collection_id
 from ..errors import RsNotifyError
@@ -151,6 +151,7 @@ class WebSubHub:
         publish_secret: bytes | None = None,
         on_publish: Callable[[str], None] | None = None,
         external_hubs: Sequence[str] = (),
+        framework_topics: bool = False,
     ) -> None:
         if ring_size < 1 or max_subscriptions < 1 or feed_page < 1:
             raise ValueError("ring_size, max_subscriptions and feed_page must be positive")
@@ -173,6 +174,9 @@ class WebSubHub:
         self.publish_secret = publish_secret
         self.on_publish = on_publish
         self.external_hubs = list(external_hubs)
+        # Framework Notification 1.0.1: a topic per collection, <topic>/framework,
+        # fed by the collection's framework stream (rsnotify.framework).
+        self.framework_topics = framework_topics
         # Ping-mode hand-off to a hub that fetches the topic (rsnotify.transport.websubpush):
         # collection -> callable giving the body to serve to the next GET.
         self.handoff: dict[str, Callable[[], bytes | None]] = {}
@@ -202,13 +206,30 @@ class WebSubHub:
     def feed_url(self, collection: str) -> str:
         return self.topic(collection) + "/feed.atom"
 
+    def framework_topic(self, collection: str) -> str:
+        """The topic of a collection's framework notifications (a channel of its own)."""
+        return self.topic(collection) + framework.TOPIC_SUFFIX
+
+    def _stream_topic(self, stream: str) -> str:
+        base = framework.collection_of(stream)
+        return self.framework_topic(base) if base is not None else self.topic(stream)
+
+    def _capability_list(self, stream: str) -> str:
+        """The Capability List of a stream's collection ("" when unknown)."""
+        return self._collections.get(framework.base_collection(stream), "")
+
     def _topic_collection(self, topic: str) -> str | None:
-        """The collection of a topic URL (its notification topic or its Atom feed)."""
+        """The stream of a topic URL: a collection (its topic or Atom feed), or the
+        collection's framework stream (its framework topic)."""
         base = urlsplit(self.url).path
         path = urlsplit(topic).path
         if not path.startswith(base):
             return None
         name = path[len(base) :].strip("/")
+        if name.endswith(framework.TOPIC_SUFFIX):
+            collection = name[: -len(framework.TOPIC_SUFFIX)]
+            served = self.framework_topics and is_valid_collection_id(collection)
+            return framework.stream(collection) if served else None
         name = name.removesuffix("/feed.atom")
         return name if is_valid_collection_id(name) else None
 
@@ -242,6 +263,7 @@ class WebSubHub:
         app.router.add_post("/", self._hub_request)
         app.router.add_get("/", self._topics)
         app.router.add_get("/{collection}", self._topic_head)
+        app.router.add_get("/{collection}" + framework.TOPIC_SUFFIX, self._framework_head)
         app.router.add_get("/{collection}/feed.atom", self._feed)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -357,7 +379,8 @@ class WebSubHub:
         """A Source says ``url`` changed: read its Change Lists now (section 4.1)."""
         if not self._authentic(body, request):
             return web.Response(status=403, text="publish not signed with the publisher's secret\n")
-        collection = self._publish_collection(url)
+        stream = self._publish_collection(url)
+        collection = framework.base_collection(stream) if stream is not None else None
         if collection is None or collection not in self._collections:
             return web.Response(
                 status=404, text="not a topic, Capability List or Change List here\n"
@@ -380,13 +403,22 @@ class WebSubHub:
                 text='Change Notification 4.1: the POST needs a Link header with rel="self" '
                 'and rel="hub"\n',
             )
+        stream = self._topic_collection(links["self"][0])
         try:
-            envelope.decode_batch(body, collection=self._topic_collection(links["self"][0]))
+            if stream is not None and framework.collection_of(stream) is not None:
+                framework.decode(body)
+            else:
+                envelope.decode_batch(body, collection=stream)
         except envelope.InvalidNotification as exc:
-            return web.Response(status=400, text=f"not a Change Notification: {exc}\n")
+            return web.Response(status=400, text=f"not a notification for this topic: {exc}\n")
         return self._publish(links["self"][0], body, request, status=200)
 
-    async def _known(self, collection: str) -> bool:
+    async def _known(self, stream: str) -> bool:
+        """A collection this hub serves, or the framework stream of one."""
+        base = framework.collection_of(stream)
+        if base is not None and not self.framework_topics:
+            return False
+        collection = base or stream
         if collection not in self._collections:
             with contextlib.suppress(LogUnavailable):
                 self._collections = await self.log.collections()
@@ -486,6 +518,10 @@ class WebSubHub:
             }
             for cid, cap in sorted(self._collections.items())
         }
+        if self.framework_topics:
+            for cid, topic in body.items():
+                topic["framework"] = self.framework_topic(cid)
+                topic["framework_subscriptions"] = counts.get(framework.stream(cid), 0)
         return web.json_response({"hub": self.url, "topics": body})
 
     async def _collection_of(self, request: web.Request) -> str:
@@ -505,11 +541,22 @@ class WebSubHub:
         0``, as section 4.1 says).  While a hub that fetches topics is being
         handed notifications (:mod:`.websubpush`), a GET gets the one waiting.
         """
+        return await self._serve_topic(request, await self._collection_of(request))
+
+    async def _framework_head(self, request: web.Request) -> web.Response:
+        """The framework topic (Framework Notification 4.1): as a topic, from its stream."""
         collection = await self._collection_of(request)
+        if not self.framework_topics:
+            raise web.HTTPNotFound(text="this hub serves no framework topics\n")
+        return await self._serve_topic(request, framework.stream(collection))
+
+    async def _serve_topic(self, request: web.Request, collection: str) -> web.Response:
+        """GET/HEAD of the topic of ``collection`` (a change or a framework stream)."""
+        is_framework = framework.collection_of(collection) is not None
         try:
             earliest = await self.log.earliest(collection)
             head = await self.log.head(collection)
-            handoff = self.handoff.get(collection)
+            handoff = None if is_framework else self.handoff.get(collection)
             body = handoff() if handoff is not None and request.method == "GET" else None
             if body is None:
                 latest = await self.log.read(collection, head - 1, limit=1) if head else []
@@ -520,11 +567,11 @@ class WebSubHub:
         except LogUnavailable:
             raise web.HTTPServiceUnavailable(text="the log is unreachable; retry\n") from None
         headers = proto.head_headers(
-            topic=self.topic(collection),
-            hubs=self.hubs(),
+            topic=self._stream_topic(collection),
+            hubs=[self.url] if is_framework else self.hubs(),  # framework: ours only
             head=head,
             earliest=earliest,
-            resourcesync=self._collections.get(collection),
+            resourcesync=self._capability_list(collection) or None,
         )
         if body and self.signer is not None:  # relayed by hubs that fetch the topic
             headers[proto.PUBLISHER_SIGNATURE_HEADER] = self.signer.sign(body)
@@ -675,11 +722,17 @@ class WebSubHub:
             tailer.position = record.seq
 
     def _render(self, collection: str, record: LogRecord) -> RenderedChange:
-        return proto.render_change(collection, record)
+        return proto.render_record(collection, record)
 
     def _compose(self, collection: str, items: Sequence[RenderedChange]) -> bytes:
+        base = framework.collection_of(collection)
         return proto.compose_batch(
-            items, capabilitylist=self._collections.get(collection, ""), collection=collection
+            items,
+            capabilitylist=self._capability_list(collection),
+            collection=base or collection,
+            capability=envelope.NOTIFICATION_CAPABILITY
+            if base is None
+            else envelope.FRAMEWORK_CAPABILITY,
         )
 
     # -- delivery ---------------------------------------------------------------------------
@@ -764,7 +817,7 @@ class WebSubHub:
                         await s.wake.wait()
                 continue
             if isinstance(item, _Gap):
-                capability_list = self._collections.get(sub.collection, "")
+                capability_list = self._capability_list(sub.collection)
                 body = proto.gap_too_old(
                     sub.collection,
                     item.since,
@@ -792,7 +845,7 @@ class WebSubHub:
                     content_type=content_type,
                     seq=item[-1].seq,
                     prev=s.delivery.cursor,
-                    resourcesync=self._collections.get(sub.collection),
+                    resourcesync=self._capability_list(sub.collection) or None,
                 )
                 if self.signer is not None:  # the publisher's own key, as on MQTT/WebSocket
                     headers[proto.PUBLISHER_SIGNATURE_HEADER] = self.signer.sign(body)

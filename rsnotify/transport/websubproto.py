@@ -20,6 +20,14 @@ URLs (``BASE`` is the hub's public base URL, ``http://HOST:PORT/`` by default)
     (the hub's clock).  The rsnotify Destination polls it as its heartbeat.
 ``BASE<collection>/feed.atom``
     The Atom feed of the collection's notifications (:mod:`.atom`).
+``BASE<collection>/framework``
+    The collection's **framework topic** (Framework Notification 1.0.1;
+    Change Notification section 4: the two "must be sent on different
+    channels"), served when the publisher watches the framework
+    (``--framework-interval``): the same ``GET``/``HEAD`` answers and
+    subscriptions, and deliveries of ``framework-notification`` payloads
+    from the collection's framework stream (:mod:`rsnotify.framework`), in
+    order, chained by detection time, with the same retries and cursors.
 
 Subscriptions (W3C WebSub sections 5.1 to 5.3)
     ``hub.mode`` (``subscribe`` / ``unsubscribe``), ``hub.topic``,
@@ -110,7 +118,7 @@ from urllib.parse import urlencode, urlsplit
 
 import orjson
 
-from .. import envelope, w3cdt
+from .. import envelope, framework, w3cdt
 from ..envelope import MAX_URI_CHARS
 from ..errors import RsNotifyError
 from ..log import LogRecord
@@ -446,21 +454,56 @@ class RenderedChange:
         return self.since if self.since is not None else self.datetime
 
 
-def render_change(collection: str, record: LogRecord) -> RenderedChange:
-    """Render a log record's ``<url>``; a record that cannot be rendered is logged and marked."""
+def _rendered(
+    stream: str, record: LogRecord, read: Callable[[bytes], tuple[bytes, datetime, datetime | None]]
+) -> RenderedChange:
+    """Render a log record with ``read`` (-> fragment, time, interval start); a record
+    that cannot be rendered is logged and marked."""
     try:
-        n = envelope.from_json(record.data, max_bytes=max(len(record.data), 1))
-        fragment = envelope.url_fragment(n)
+        fragment, when, since = read(record.data)
     except (ValueError, KeyError, TypeError, RsNotifyError) as exc:
-        logger.error("%s: log record %d cannot be rendered (%s)", collection, record.seq, exc)
+        logger.error("%s: log record %d cannot be rendered (%s)", stream, record.seq, exc)
         return RenderedChange(record.seq, None)
-    return RenderedChange(record.seq, fragment, n.datetime, n.since, record)
+    return RenderedChange(record.seq, fragment, when, since, record)
+
+
+def _change_record(data: bytes) -> tuple[bytes, datetime, datetime | None]:
+    n = envelope.from_json(data, max_bytes=max(len(data), 1))
+    return envelope.url_fragment(n), n.datetime, n.since
+
+
+def _framework_record(data: bytes) -> tuple[bytes, datetime, datetime | None]:
+    """A framework change is dated by its detection (:mod:`rsnotify.framework`): its
+    interval runs over detection times, so :func:`compose_batch` chains them too."""
+    change = framework.from_record(data)
+    if change.detected is None:
+        raise ValueError("no detection time")
+    return framework.url_fragment(change), change.detected, change.since
+
+
+def render_change(collection: str, record: LogRecord) -> RenderedChange:
+    """Render a change record's ``<url>`` (see :func:`_rendered`)."""
+    return _rendered(collection, record, _change_record)
+
+
+def render_record(stream: str, record: LogRecord) -> RenderedChange:
+    """Render a record of a collection's change stream or of its framework stream."""
+    framework_stream = framework.collection_of(stream) is not None
+    return _rendered(stream, record, _framework_record if framework_stream else _change_record)
 
 
 def compose_batch(
-    items: Sequence[RenderedChange], *, capabilitylist: str, collection: str
+    items: Sequence[RenderedChange],
+    *,
+    capabilitylist: str,
+    collection: str,
+    capability: str = envelope.NOTIFICATION_CAPABILITY,
 ) -> bytes:
-    """One Change Notification of consecutive changes, ``from`` the first ``until`` the last."""
+    """One notification of consecutive changes, ``from`` the first ``until`` the last.
+
+    ``capability`` is ``change-notification``, or ``framework-notification``
+    for a framework stream (whose records are dated by detection time).
+    """
     first, last = items[0], items[-1]
     assert first.start is not None and last.datetime is not None
     return envelope.compose(
@@ -470,6 +513,7 @@ def compose_batch(
         until=max(last.datetime, first.start),
         collection=collection,
         published=w3cdt.now(),
+        capability=capability,
     )
 
 
