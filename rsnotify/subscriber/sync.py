@@ -460,6 +460,7 @@ class CollectionSync:
                     self._pending.append(_Pending(future, None, None))
             self._wake.set()
         self.applied = self._submitted = self._fresh_checkpoint(at)
+        self._away_from = at  # for framework.rebaseline_cue: this walk starts at the baseline
         await self.drain()
         remaining = self.watcher.hole_at(self._submitted)
         if remaining is not None:
