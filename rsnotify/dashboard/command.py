@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 
+from .. import argtypes
 from ..errors import RsNotifyError
 from ..logs import setup as setup_logging
 from .server import Dashboard, DashboardConfig
@@ -17,53 +18,38 @@ HELP = "serve a live page of publish rates, subscriber lags and end-to-end laten
 log = logging.getLogger("rsnotify.dashboard")
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redis",
+        type=argtypes.redis_url,
         default="redis://127.0.0.1:6379/0",
         metavar="URL",
         help="the Redis holding the log and the telemetry (default: %(default)s)",
     )
     parser.add_argument(
         "--mqtt",
+        type=argtypes.mqtt_url,
         metavar="URL",
         help="also read publisher heartbeats from the retained <prefix>/<collection>/head",
     )
     parser.add_argument("--topic-prefix", default="resourcesync", help="MQTT topic prefix")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
-    parser.add_argument("--port", type=_port, default=8080, help="port; 0 picks a free one")
+    parser.add_argument("--port", type=argtypes.port, default=8080, help="port; 0 picks a free one")
     parser.add_argument(
-        "--interval", type=_positive, default=1.0, help="seconds between page updates (default 1)"
+        "--interval",
+        type=argtypes.positive_number,
+        default=1.0,
+        help="seconds between page updates (default 1)",
     )
     parser.add_argument(
         "--offline-after",
-        type=_positive,
+        type=argtypes.positive_number,
         default=5.0,
         help="a subscriber silent this many seconds is offline (default 5)",
     )
     parser.add_argument(
         "--stale-after",
-        type=_positive,
+        type=argtypes.positive_number,
         default=15.0,
         help="a publisher heartbeat older than this is stale (default 15)",
     )

@@ -7,9 +7,9 @@ import asyncio
 import os
 import re
 
+from .. import argtypes
 from ..log import Retention
 from ..logs import setup as setup_logging
-from ..report import url_argument
 from . import service
 from .service import PublisherConfig
 
@@ -34,19 +34,37 @@ def parse_retention(text: str) -> Retention:
             max_age = float(match.group(1)) * _UNITS[match.group(2)]
         else:
             raise argparse.ArgumentTypeError(f"bad retention {part!r}: use N, Ns/m/h/d, or both")
+    if max_len == 0 or max_age == 0:
+        # A log that keeps nothing cannot replay a single reconnecting client.
+        raise argparse.ArgumentTypeError(
+            f"bad retention {text.strip()!r}: keep at least 1 entry and more than 0 s "
+            "(or 'none' for no limit)"
+        )
     return Retention(max_len=max_len, max_age_s=max_age)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "source",
+        type=argtypes.source_location,
         metavar="SOURCE",
         help="the Source's base URL, a Source Description or Capability List URL, "
         "or a local directory holding the Source's documents",
     )
     where = parser.add_argument_group("log and state")
     where.add_argument(
-        "--redis", metavar="URL", help="Redis URL for the log (default: embedded SQLite)"
+        "--redis",
+        type=argtypes.redis_url,
+        metavar="URL",
+        help="Redis URL for the log (default: embedded SQLite)",
+    )
+    where.add_argument(
+        "--redis-wait",
+        type=argtypes.positive_number,
+        default=60.0,
+        metavar="SECONDS",
+        help="at start-up, retry an unreachable --redis this long, then exit 1 (default 60; "
+        "once running, a Redis outage is retried for as long as it lasts)",
     )
     where.add_argument(
         "--state-dir", default=".rsnotify", help="embedded log directory (default: .rsnotify)"
@@ -59,7 +77,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     watch = parser.add_argument_group("watching the Source")
     watch.add_argument(
-        "--poll", type=float, default=1.0, help="poll interval in seconds (default 1)"
+        "--poll",
+        type=argtypes.positive_number,
+        default=1.0,
+        help="poll interval in seconds, > 0 (default 1)",
     )
     watch.add_argument(
         "--watch",
@@ -80,17 +101,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="publish only these Capability Lists (repeatable)",
     )
     push = parser.add_argument_group("push transports")
-    push.add_argument("--mqtt", metavar="URL", help="mqtt://[user:pass@]host:port or mqtts://...")
+    push.add_argument(
+        "--mqtt",
+        type=argtypes.mqtt_url,
+        metavar="URL",
+        help="mqtt://[user:pass@]host:port or mqtts://...",
+    )
     push.add_argument("--mqtt-ca", metavar="FILE", help="CA certificate for mqtts://")
     push.add_argument(
         "--mqtt-insecure", action="store_true", help="do not verify the broker's TLS name"
     )
     push.add_argument("--topic-prefix", default="resourcesync", help="MQTT topic prefix")
-    push.add_argument("--ws", metavar="HOST:PORT", help="serve WebSocket clients here")
+    push.add_argument(
+        "--ws",
+        type=argtypes.listen_address,
+        metavar="HOST:PORT",
+        help="serve WebSocket clients here",
+    )
     push.add_argument(
         "--ws-token",
+        type=argtypes.non_empty,
         default=os.environ.get("RSNOTIFY_WS_TOKEN"),
-        help="bearer token WebSocket clients must present",
+        help="bearer token WebSocket clients must present (or RSNOTIFY_WS_TOKEN); set it on "
+        "any gateway reachable from outside this host",
     )
     push.add_argument(
         "--ws-cert", metavar="FILE", help="serve wss:// with this certificate chain (PEM)"
@@ -103,6 +136,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     push.add_argument(
         "--mqtt-hub",
+        type=argtypes.mqtt_url,
         metavar="URL",
         help="advertise this broker's channels (rs:ln rel=hub) without pushing to it: "
         "an --mqtt-only gateway does the pushing",
@@ -115,6 +149,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     push.add_argument(
         "--websub",
+        type=argtypes.listen_address,
         metavar="HOST:PORT",
         help="run a WebSub hub here (ResourceSync Change Notification): topic per "
         "collection at http://HOST:PORT/<collection>, Atom feed at <topic>/feed.atom",
@@ -142,15 +177,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="directory SOURCE: add the rs:ln rel=hub links to its Capability Lists",
     )
-    push.add_argument("--heartbeat", type=float, default=5.0, help="head/heartbeat interval (s)")
+    push.add_argument(
+        "--heartbeat",
+        type=argtypes.positive_number,
+        default=5.0,
+        help="head/heartbeat interval (s)",
+    )
     push.add_argument("--format", choices=("json", "xml"), default="json", help="payload format")
     push.add_argument(
         "--secret",
+        type=argtypes.non_empty,
         default=os.environ.get("RSNOTIFY_SECRET"),
         help="HMAC-SHA256 signing secret (or RSNOTIFY_SECRET)",
     )
     push.add_argument(
-        "--secret-id", default="k1", help="key id sent with signatures (for rotation)"
+        "--secret-id",
+        type=argtypes.non_empty,
+        default="k1",
+        help="key id sent with signatures (for rotation)",
     )
     ha = parser.add_argument_group("high availability")
     ha.add_argument(
@@ -159,12 +203,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="run several publishers for one Source: a Redis lease elects the one that publishes",
     )
     ha.add_argument("--ha-group", help="name shared by the publishers of one Source")
-    ha.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease TTL in seconds")
+    ha.add_argument(
+        "--lease-ttl",
+        type=argtypes.positive_number,
+        default=3.0,
+        help="leader lease TTL in seconds",
+    )
     ops = parser.add_argument_group("operations")
-    ops.add_argument("--metrics-port", type=int, help="serve /metrics and /healthz on this port")
+    ops.add_argument(
+        "--metrics-port", type=argtypes.port, help="serve /metrics and /healthz on this port"
+    )
     ops.add_argument("--metrics-host", default="127.0.0.1")
     ops.add_argument(
-        "--report", type=url_argument, metavar="URL", help="dashboard telemetry (default: --redis)"
+        "--report",
+        type=argtypes.redis_url,
+        metavar="URL",
+        help="dashboard telemetry (default: --redis)",
     )
     ops.add_argument("--log-level", default="info")
     ops.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
@@ -184,17 +238,9 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 2
-    if args.mqtt_hub:
-        from ..transport.mqtturl import InvalidBrokerURL, parse_broker_url
-
-        if args.mqtt or args.mqtt_only:
-            print("rsnotify publish: --mqtt-hub is for a publisher without --mqtt", flush=True)
-            return 2
-        try:
-            parse_broker_url(args.mqtt_hub)
-        except InvalidBrokerURL as exc:
-            print(f"rsnotify publish: --mqtt-hub: {exc}", flush=True)
-            return 2
+    if args.mqtt_hub and (args.mqtt or args.mqtt_only):
+        print("rsnotify publish: --mqtt-hub is for a publisher without --mqtt", flush=True)
+        return 2
     if (args.ws_cert or args.ws_key) and not (args.ws and args.ws_cert):
         print("rsnotify publish: --ws-cert/--ws-key need --ws, --ws-key a --ws-cert", flush=True)
         return 2
@@ -239,5 +285,6 @@ def run(args: argparse.Namespace) -> int:
         websub_url=args.websub_url,
         websub_lease=args.websub_lease,
         websub_retry_max=args.websub_retry_max,
+        redis_wait=args.redis_wait,
     )
     return asyncio.run(service.run(config))

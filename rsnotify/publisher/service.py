@@ -32,7 +32,7 @@ from .. import discovery, w3cdt
 from ..backoff import Backoff
 from ..collection import collection_id
 from ..envelope import Notification, to_json
-from ..errors import DocumentError, FetchError, RsNotifyError
+from ..errors import DocumentError, FetchError, RsNotifyError, listening
 from ..fetch import Fetcher
 from ..log import Fenced, LogConflict, LogUnavailable, NotificationLog, Retention, open_log
 from ..log.tail_cache import TailCache
@@ -96,6 +96,7 @@ class PublisherConfig:
     websub_url: str | None = None  # the hub's public URL, if not http://HOST:PORT/
     websub_lease: int | None = None  # default lease granted (seconds)
     websub_retry_max: float = 30.0  # longest wait between retries of a failing callback
+    redis_wait: float = 60.0  # seconds start-up waits for the log's Redis before exiting
 
 
 @dataclass(slots=True)
@@ -135,6 +136,7 @@ class Publisher:
         self._election: Any = None
         self._fence: int | None = None
         self.is_leader = False
+        self._log_down_since: float | None = None  # start-up: when the log stopped answering
 
     # -- set-up ------------------------------------------------------------------
 
@@ -219,11 +221,12 @@ class Publisher:
             DirectoryAccess(config.source) if self._is_directory() else HttpAccess(self._fetcher)
         )
         if config.metrics_port is not None:
-            self._metrics_runner, self.metrics_port = await serve(
-                metrics_app(self.metrics.registry, lambda: self._healthy),
-                config.metrics_host,
-                config.metrics_port,
-            )
+            with listening("metrics", config.metrics_host, config.metrics_port):
+                self._metrics_runner, self.metrics_port = await serve(
+                    metrics_app(self.metrics.registry, lambda: self._healthy),
+                    config.metrics_host,
+                    config.metrics_port,
+                )
         if config.ha and not config.redis:
             raise RsNotifyError("--ha elects a leader through Redis: give --redis")
         if config.mqtt_only and (config.ws_only or not config.redis or not config.mqtt):
@@ -361,7 +364,8 @@ class Publisher:
                 on_published=self._on_ws_published,
                 renderer=self.renderer,
             )
-            await self._ws.start()
+            with listening("WebSocket clients", self._ws.host, self._ws.port):
+                await self._ws.start()
             self.ws_port = self._ws.port
         if config.websub:
             await self._start_websub()
@@ -395,7 +399,8 @@ class Publisher:
             ring_size=min(2_000, config.retention.max_len or 2_000),
             server_id=config.publisher_id,
         )
-        await self.websub.start()
+        with listening("the WebSub hub", self.websub.host, self.websub.port):
+            await self.websub.start()
 
     def websub_advertisement(self, collection: str) -> tuple[str, str] | None:
         """(topic, hub) for the Capability List's changelist-notification entry, if --websub."""
@@ -514,17 +519,43 @@ class Publisher:
                 await self._stopping.wait()
 
     async def _retry(self, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run a log operation until the log answers (or we are stopping)."""
+        """Run a start-up log operation until the log answers, or give up.
+
+        The retry policy when Redis is down: at start-up (the only caller),
+        retry with backoff while the log has been unreachable for less than
+        ``redis_wait`` seconds (``--redis-wait``), saying each time when the
+        next try is and when start-up gives up; then raise, and the command
+        exits 1 (systemd's ``Restart=on-failure`` starts it again), so a wrong
+        ``--redis`` is an error within a minute instead of a silent loop.
+        Once running, a Redis outage is retried for as long as it lasts (the
+        watch loops): nothing is lost, the checkpoint waits in the log.
+        """
         backoff = Backoff()
         while True:
             try:
-                return await operation(*args)
+                result = await operation(*args)
             except LogUnavailable as exc:
                 if self._stopping.is_set():
                     raise
-                delay = backoff.next()
-                log.warning("log unavailable (%s); retrying in %.1fs", exc, delay)
+                now = time.monotonic()
+                if self._log_down_since is None:
+                    self._log_down_since = now
+                left = self._log_down_since + self.config.redis_wait - now
+                if left <= 0:
+                    raise LogUnavailable(
+                        f"{exc} (gave up after --redis-wait {self.config.redis_wait:g} s)"
+                    ) from None
+                delay = min(backoff.next(), left)
+                log.warning(
+                    "log unavailable (%s); retrying in %.1fs, start-up gives up in %.0fs",
+                    exc,
+                    delay,
+                    left,
+                )
                 await self._sleep(delay)
+            else:
+                self._log_down_since = None
+                return result
 
     async def _wait_trigger(self, collection: _Collection) -> None:
         with contextlib.suppress(TimeoutError):

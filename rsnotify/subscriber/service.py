@@ -25,7 +25,7 @@ from .. import discovery, w3cdt
 from ..backoff import Backoff
 from ..collection import collection_id
 from ..envelope import Notification
-from ..errors import RsNotifyError
+from ..errors import RsNotifyError, listening
 from ..fetch import Fetcher, origin_of
 from ..metrics import metrics_app, serve
 from ..model import Capability
@@ -108,7 +108,7 @@ class _CommandHooks(Hooks):
             log.warning("--on-change exited %d for %s", code, change.loc)
 
 
-def _channel_for(via: str) -> str:
+def channel_kind(via: str) -> str:
     scheme = urlsplit(via).scheme
     if scheme in ("mqtt", "mqtts"):
         return "mqtt"
@@ -166,8 +166,11 @@ class Subscriber:
     async def start(self) -> None:
         config = self.config
         Path(config.into).mkdir(parents=True, exist_ok=True)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._lock.acquire()
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()
+        except OSError as exc:
+            raise RsNotifyError(f"state directory {self.state_dir}: {exc.strerror}") from None
         # Retired inodes wait in the state directory, beside the mirror and
         # (by default) on its filesystem, never inside the mirror itself: a
         # web server publishing the mirror must not serve old versions.
@@ -186,9 +189,10 @@ class Subscriber:
         # --concurrency (the pool, not the semaphore, would be the limit).
         self._fetcher = Fetcher(limit_per_host=max(8, config.concurrency))
         if config.metrics_port is not None:
-            self._metrics_runner, self.metrics_port = await serve(
-                metrics_app(self.metrics.registry), config.metrics_host, config.metrics_port
-            )
+            with listening("metrics", config.metrics_host, config.metrics_port):
+                self._metrics_runner, self.metrics_port = await serve(
+                    metrics_app(self.metrics.registry), config.metrics_host, config.metrics_port
+                )
         info = await self._discover()
         allowed = {origin_of(config.source)} | {origin_of(o) for o in config.allow_origins}
         hooks = _CommandHooks(config.on_change) if config.on_change else None
@@ -244,10 +248,10 @@ class Subscriber:
             if hub is None:
                 log.warning("%s advertises no push channel: polling only (give --via)", cap.url)
                 continue
-            if _channel_for(hub) == "websub":
+            if channel_kind(hub) == "websub":
                 self._channels.append(self._websub_channel(cap, cid, hub, engine))
                 self.metrics.transport.labels(cid).info({"transport": "websub"})
-            elif _channel_for(hub) == "ws":
+            elif channel_kind(hub) == "ws":
                 channel = WebSocketChannel(
                     hub,
                     cid,
