@@ -126,6 +126,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "any gateway reachable from outside this host",
     )
     push.add_argument(
+        "--ws-max-per-address",
+        type=argtypes.nonneg_int,
+        metavar="N",
+        help="WebSocket connections one client address (an IPv6 /64) may hold, then HTTP 429 "
+        "(default 256; 0: no limit, e.g. behind a proxy that limits per client)",
+    )
+    push.add_argument(
         "--ws-cert", metavar="FILE", help="serve wss:// with this certificate chain (PEM)"
     )
     push.add_argument("--ws-key", metavar="FILE", help="private key for --ws-cert (PEM)")
@@ -285,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
         websub_url=args.websub_url,
         websub_lease=args.websub_lease,
         websub_retry_max=args.websub_retry_max,
+        ws_max_per_address=args.ws_max_per_address,
         redis_wait=args.redis_wait,
     )
     return asyncio.run(service.run(config))

@@ -96,6 +96,7 @@ class PublisherConfig:
     websub_url: str | None = None  # the hub's public URL, if not http://HOST:PORT/
     websub_lease: int | None = None  # default lease granted (seconds)
     websub_retry_max: float = 30.0  # longest wait between retries of a failing callback
+    ws_max_per_address: int | None = None  # connections per client address (None: the default)
     redis_wait: float = 60.0  # seconds start-up waits for the log's Redis before exiting
 
 
@@ -345,9 +346,13 @@ class Publisher:
         config = self.config
         assert self.log is not None
         if config.ws:
+            from ..runtime import release_memory
             from ..transport.ws import WebSocketGateway, server_tls_context
 
             host, _, port = config.ws.rpartition(":")
+            limits: dict[str, int] = {}
+            if config.ws_max_per_address is not None:
+                limits["max_per_address"] = config.ws_max_per_address
             self._ws = WebSocketGateway(
                 self.log,
                 host=host or "127.0.0.1",
@@ -363,6 +368,8 @@ class Publisher:
                 on_client_change=self.metrics.ws_clients.set,
                 on_published=self._on_ws_published,
                 renderer=self.renderer,
+                release_memory=release_memory,
+                **limits,
             )
             with listening("WebSocket clients", self._ws.host, self._ws.port):
                 await self._ws.start()
