@@ -59,7 +59,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         required=True,
         type=argtypes.non_empty,
         metavar="DIR",
-        help="the mirror directory",
+        help="the mirror directory: new, empty, or one rsnotify made (never / or your home)",
+    )
+    parser.add_argument(
+        "--adopt",
+        action="store_true",
+        help="take over a non-empty --into that rsnotify did not make (its own files stay; "
+        "rsnotify's temp files are the only ones it ever cleans up)",
     )
     parser.add_argument(
         "--state",
@@ -188,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     config = SubscriberConfig(
         source=args.source,
         into=args.into,
+        adopt=args.adopt,
         state=args.state,
         via=args.via,
         collections=args.collection,

@@ -39,6 +39,7 @@ from .channels import MqttChannel, WebSocketChannel, client_tls_context
 from .cursor import CursorStore, StateLock
 from .gaps import GapDetector
 from .mirror import Mirror
+from .ownership import MirrorLock, MirrorRefused, claim
 from .redis_cursor import RedisCursorStore, destination_id
 from .resources import ResourceStore
 from .sync import CollectionSync
@@ -51,6 +52,7 @@ log = logging.getLogger("rsnotify.subscribe")
 class SubscriberConfig:
     source: str
     into: str
+    adopt: bool = False  # take over a non-empty --into rsnotify did not make (see .ownership)
     state: str | None = None
     via: str | None = None  # mqtt://... or ws://...; default: the advertised hub
     collections: Sequence[str] = ()
@@ -129,6 +131,7 @@ class Subscriber:
         self.metrics = SubscriberMetrics(config.name or Path(config.into).name)
         self.engines: dict[str, CollectionSync] = {}
         self._lock = StateLock(self.state_dir)
+        self._mirror_lock: MirrorLock | None = None
         self._fetcher: Fetcher | None = None
         self._cursors: CursorStore | RedisCursorStore | None = None
         self._resources: ResourceStore | None = None
@@ -165,7 +168,8 @@ class Subscriber:
 
     async def start(self) -> None:
         config = self.config
-        Path(config.into).mkdir(parents=True, exist_ok=True)
+        # The mirror first: it refuses / and foreign directories before anything is made.
+        self._mirror_lock = claim(config.into, self.state_dir, adopt=config.adopt)
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self._lock.acquire()
@@ -417,6 +421,8 @@ class Subscriber:
         if self._resources is not None:
             await self._resources.close()
         self._lock.release()
+        if self._mirror_lock is not None:
+            self._mirror_lock.release()
 
 
 async def run(config: SubscriberConfig) -> int:
@@ -441,6 +447,6 @@ async def run(config: SubscriberConfig) -> int:
     except RsNotifyError as exc:
         log.error("%s", exc)
         print(f"rsnotify subscribe: {exc}", flush=True)
-        return 1
+        return 2 if isinstance(exc, MirrorRefused) else 1  # 2: not restarted by systemd
     finally:
         await subscriber.stop()
