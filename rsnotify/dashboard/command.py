@@ -33,7 +33,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="also read publisher heartbeats from the retained <prefix>/<collection>/head",
     )
     parser.add_argument("--topic-prefix", default="resourcesync", help="MQTT topic prefix")
-    parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to serve on; also a Host name the dashboard answers to",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        type=argtypes.non_empty,
+        metavar="NAME",
+        help="also answer requests for this host name (repeatable; '*' for any). IP "
+        "addresses, localhost and --host are always answered; other names are refused "
+        "against DNS rebinding",
+    )
+    parser.add_argument(
+        "--allow-ws-origin",
+        action="append",
+        default=[],
+        type=argtypes.non_empty,
+        metavar="ORIGIN",
+        help="let pages from this origin (https://ops.example.org) read /ws (repeatable; "
+        "'*' for any); by default only the dashboard's own page may",
+    )
     parser.add_argument("--port", type=argtypes.port, default=8080, help="port; 0 picks a free one")
     parser.add_argument(
         "--interval",
@@ -93,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
             interval=args.interval,
             offline_after=args.offline_after,
             stale_after=args.stale_after,
+            allow_hosts=args.allow_host,
+            allow_ws_origins=args.allow_ws_origin,
         )
         return asyncio.run(_serve(config))
     except RsNotifyError as exc:
