@@ -6,8 +6,9 @@ runs the real ``rsnotify publish --ws`` (``--ws-max-per-address 0``, so one
 address may open them all) against an in-process simulated Source, and a
 client process that opens ``--connections`` WebSocket subscriptions, holds
 them, then closes them all; twice (two waves), with the publisher's resident
-set (``VmRSS``) read before, at the peak of each wave and once it settles
-after each (no change for 5 s).  The same scenario runs with CPython's
+set (``VmRSS``) read before, at the peak of each wave, and after each once
+the publisher has logged its memory release and RSS has settled (no change
+for 5 s).  The same scenario runs with CPython's
 default allocator (pymalloc) and with ``PYTHONMALLOC=malloc``.  Also checked:
 with the default ``--ws-max-per-address`` (256), connection 257 from one
 address is refused with HTTP 429.
@@ -42,7 +43,7 @@ from typing import Any
 from bench._common import format_table, machine_info, source_digest, write_json
 
 TARGETS = {"second_peak_ratio_max": 1.10, "returned_fraction_malloc_min": 0.60}
-SETTLE_S = 5.0  # RSS unchanged (within 1 MB) this long counts as settled (release: 1 s after)
+SETTLE_S = 5.0  # RSS unchanged (within 1 MB) this long counts as settled
 CONNECT_SLOTS = 200  # handshakes in flight at once from the client process
 
 
@@ -99,6 +100,16 @@ def _settled(pid: int, timeout: float = 60.0) -> float:
     return _rss_mb(pid)
 
 
+def _released(log: Path, count: int, timeout: float = 120.0) -> bool:
+    """Wait until the publisher has logged its ``count``-th memory release."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.read_text(errors="replace").count("released memory after") >= count:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def _wait_line(path: Path, pattern: str, timeout: float = 60.0) -> re.Match[str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -116,7 +127,7 @@ def _publisher(source: str, workdir: Path, allocator: str, *extra: str) -> subpr
         env["PYTHONMALLOC"] = "malloc"
     out = (workdir / "publish.log").open("w")
     argv = [sys.executable, "-m", "rsnotify.cli", "publish", source, "--ws", "127.0.0.1:0"]
-    argv += ["--state-dir", str(workdir / "state"), "--log-level", "warning", *extra]
+    argv += ["--state-dir", str(workdir / "state"), "--log-level", "info", *extra]
     return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
 
 
@@ -146,6 +157,9 @@ def run_scenario(source: str, allocator: str, connections: int, workdir: Path) -
             client.stdin.write("close\n")
             client.stdin.flush()
             client.stdout.readline()
+            closed_at = time.monotonic()
+            released = _released(log, len(waves) + 1)
+            release_s = time.monotonic() - closed_at if released else None
             after = _settled(publisher.pid)
             waves.append(
                 {
@@ -155,6 +169,7 @@ def run_scenario(source: str, allocator: str, connections: int, workdir: Path) -
                     "peak_mb": peak,
                     "after_mb": after,
                     "returned_fraction": (peak - after) / max(peak - before, 1e-9),
+                    "release_s": release_s,
                 }
             )
         client.stdin.write("quit\n")
@@ -254,13 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         [r["allocator"], i + 1, w["opened"], w["open_s"], r["before_mb"], w["peak_mb"],
          w["after_mb"], w["peak_mb"] - r["before_mb"], w["after_mb"] - r["before_mb"],
-         100 * w["returned_fraction"]]
+         100 * w["returned_fraction"], w["release_s"]]
         for r in results for i, w in enumerate(r["waves"])
     ]  # fmt: skip
     print()
     print(format_table(
         ["allocator", "wave", "connections", "open s", "before MB", "peak MB", "after MB",
-         "grown MB", "kept MB", "returned %"],
+         "grown MB", "kept MB", "returned %", "release s"],
         rows,
     ))  # fmt: skip
     print(

@@ -60,7 +60,8 @@ What one client address may take
 Giving memory back
     When many connections close (at least ``RELEASE_AFTER`` since the busiest
     moment, and half of them), the gateway calls ``release_memory`` once,
-    ``RELEASE_DELAY`` seconds after the closes stop: the publisher passes
+    ``RELEASE_DELAY`` seconds after the last connection is gone and the last
+    handler has ended (what a running handler holds cannot be freed yet): the publisher passes
     :func:`rsnotify.runtime.release_memory`, which collects the reference
     cycles asyncio leaves behind each closed transport (otherwise held until a
     rare full collection) and returns freed heap pages to the system.
@@ -398,12 +399,14 @@ class WebSocketGateway:
 
     def _release(self) -> None:
         self._release_timer = None
-        self._busiest = self._admitted
+        closed, self._busiest = self._busiest - self._admitted, self._admitted
         assert self._release_memory is not None
         try:
             self._release_memory()
         except Exception:
             logger.exception("release_memory callback failed")
+        else:
+            logger.info("released memory after %d connections closed", closed)
 
     def _authorised(self, request: Request) -> bool:
         assert self._token is not None
@@ -440,6 +443,8 @@ class WebSocketGateway:
                 stream.tailer.clients.discard(client)
             self._connections.discard(ws)
             self._client_count_changed()
+            # A handler may end after its TCP connection is gone: wait for it too.
+            self._schedule_release()
 
     async def _refuse(self, ws: ServerConnection, frame: str, code: int, reason: str) -> None:
         # A client that reads nothing must not keep its handler alive forever.
