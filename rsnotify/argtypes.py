@@ -28,6 +28,7 @@ __all__ = [
     "REDIS_SCHEMES",
     "http_url",
     "listen_address",
+    "log_level",
     "mqtt_url",
     "non_empty",
     "nonneg_int",
@@ -141,6 +142,17 @@ def non_empty(text: str) -> str:
     if not text.strip():
         raise _refuse("must not be empty")
     return text
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@_expects("a string")
+def log_level(text: str) -> str:
+    """``--log-level``: one of :data:`LOG_LEVELS` (any case)."""
+    if text.strip().lower() not in LOG_LEVELS:
+        raise _refuse(f"{text!r} is not a log level ({', '.join(LOG_LEVELS)})")
+    return text.strip().lower()
 
 
 @_expects("a string")

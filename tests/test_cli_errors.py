@@ -41,6 +41,7 @@ MISTAKES = [
     ("publish", [SOURCE, "--metrics-port", "99999"], "a port is 0..65535, got 99999"),
     ("publish", [SOURCE, "--mqtt", "broker:1883"], "the scheme must be mqtt:// or mqtts://"),
     ("publish", [SOURCE, "--secret", ""], "argument --secret: must not be empty"),
+    ("publish", [SOURCE, "--log-level", "bogus"], "'bogus' is not a log level"),
     ("subscribe", [SOURCE, "--into", "m", "--concurrency", "0"], "must be >= 1, got 0"),
     ("subscribe", [SOURCE, "--into", "m", "--redis", "notaurl"], "is not a Redis URL"),
     ("subscribe", [SOURCE, "--into", "m", "--ws-token", ""], "--ws-token: must not be empty"),
@@ -117,6 +118,18 @@ async def test_a_busy_websocket_port_ends_the_publisher_with_one_line(
         busy.close()
     assert code == 1
     _assert_one_clean_error(publisher, f"cannot listen on 127.0.0.1:{port} for WebSocket clients: ")
+
+
+async def test_an_unusable_state_directory_ends_the_publisher_with_one_line(
+    tmp_path: Path, rsnotify_process: Callable[..., ManagedProcess]
+) -> None:
+    occupied = tmp_path / "a-file"
+    occupied.write_text("not a directory")
+    async with running_simulator() as (_sim, base):
+        publisher = rsnotify_process("publish", base, "--state-dir", occupied)
+        code = await asyncio.to_thread(publisher.wait, 30)
+    assert code == 1
+    _assert_one_clean_error(publisher, f"cannot start: --state-dir {occupied}: ")
 
 
 async def test_redis_down_at_start_up_is_retried_with_a_countdown_then_given_up(

@@ -76,7 +76,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=15.0,
         help="a publisher heartbeat older than this is stale (default 15)",
     )
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", type=argtypes.log_level, default="info")
     parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
 
 

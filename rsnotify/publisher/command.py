@@ -227,7 +227,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="dashboard telemetry (default: --redis)",
     )
-    ops.add_argument("--log-level", default="info")
+    ops.add_argument("--log-level", type=argtypes.log_level, default="info")
     ops.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
 
 

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import signal
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -216,7 +217,10 @@ class Publisher:
         """Open the log, discover the Source, start watchers, transports and metrics."""
         config = self.config
         # Its own transports read back what it appends: from memory, not the backend.
-        self.log = TailCache(open_log(config.redis, config.state_dir))
+        try:
+            self.log = TailCache(open_log(config.redis, config.state_dir))
+        except (OSError, sqlite3.Error) as exc:
+            raise RsNotifyError(f"--state-dir {config.state_dir}: {exc}") from None
         self._fetcher = Fetcher()
         self._access = (
             DirectoryAccess(config.source) if self._is_directory() else HttpAccess(self._fetcher)

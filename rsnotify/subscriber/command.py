@@ -185,7 +185,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--metrics-port", type=argtypes.port)
     parser.add_argument("--metrics-host", default="127.0.0.1")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", type=argtypes.log_level, default="info")
     parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
 
 
