@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from types import ModuleType
+from typing import NoReturn
 
 from . import __version__, config
 from .runtime import tune_gc
@@ -28,6 +29,18 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("dashboard", "rsnotify.dashboard.command", "live page, JSON API and /metrics of telemetry"),
     ("config", "rsnotify.commands.config", "check a configuration file; show effective options"),
 ]
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser whose every refusal is one line on stderr, exit status 2.
+
+    argparse would print the whole usage (a dozen lines for ``publish``) above
+    the one line that says what is wrong; an operator reading a journal
+    needs only that line, and ``--help`` is named for the rest.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
@@ -47,7 +60,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
 def command_parser(name: str) -> tuple[ModuleType, argparse.ArgumentParser]:
     """A subcommand's module and its own parser, as ``configure()`` built it."""
     module = importlib.import_module(dict((n, m) for n, m, _ in COMMANDS)[name])
-    sub = argparse.ArgumentParser(prog=f"rsnotify {name}", description=module.HELP)
+    sub = CommandParser(prog=f"rsnotify {name}", description=module.HELP)
     module.configure(sub)
     return module, sub
 
@@ -82,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except config.ConfigError as exc:
         print(f"rsnotify {name}: configuration error:\n{exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:  # --help, or a refused argument (already printed): its status
+        return exc.code if isinstance(exc.code, int) else 2
     if argv_given is None:  # the program itself, not a caller embedding the CLI
         tune_gc()
     try:

@@ -151,8 +151,10 @@ class Option:
             text = "a number"
         elif kind is None or kind is str:
             text = "a string"
-        else:
-            text = f"a {getattr(kind, '__name__', 'value').strip('_')} value"
+        else:  # a type function may say what it takes (rsnotify.argtypes)
+            text = getattr(kind, "expected", None) or (
+                f"a {getattr(kind, '__name__', 'value').strip('_')} value"
+            )
         return f"{text} or an array of them" if self.kind == "list" and not item else text
 
 
@@ -243,6 +245,7 @@ def _scalar_from_toml(option: Option, value: Any, *, item: bool = False) -> Any:
     if isinstance(value, str):
         return _check_choice(action, _call_type(action, value))
     untyped = action.type is None or action.type is str
+    untyped = untyped or getattr(action.type, "expected", None) == "a string"
     if isinstance(value, int | float) and not isinstance(value, bool) and not untyped:
         # As the command line would spell it (str(inf) is "inf", which float() reads).
         return _check_choice(action, _call_type(action, str(value)))

@@ -8,6 +8,9 @@ document from a merely sloppy one.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class RsNotifyError(Exception):
     """Base of every documented rsnotify error."""
@@ -112,3 +115,27 @@ class FetchError(RsNotifyError):
 
 class DiscoveryError(RsNotifyError):
     """No ResourceSync entry point could be found from the given location."""
+
+
+# --- the process's own set-up ------------------------------------------------
+
+
+class CannotListen(RsNotifyError):
+    """A server socket could not be bound (port in use, address not on this host...)."""
+
+
+@contextlib.contextmanager
+def listening(what: str, host: str, port: int) -> Iterator[None]:
+    """Turn a bind failure of ``what`` into a one-line :class:`CannotListen`.
+
+    A busy port is an operator's mistake, not a bug: it must read as
+    "cannot listen on 127.0.0.1:8765 for WebSocket clients: Address already in
+    use", not as a traceback.
+    """
+    try:
+        yield
+    except OverflowError as exc:  # asyncio's message for a port > 65535
+        raise CannotListen(f"cannot listen on {host}:{port} for {what}: {exc}") from None
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise CannotListen(f"cannot listen on {host}:{port} for {what}: {reason}") from None

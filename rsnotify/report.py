@@ -58,6 +58,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
+from .argtypes import REDIS_SCHEMES
 from .cancellation import raise_if_cancelled
 from .errors import RsNotifyError
 
@@ -89,23 +90,13 @@ def publisher_key(publisher_id: str) -> str:
 
 
 def check_url(url: str) -> str:
-    """Validate a ``--report`` URL (also usable as an argparse ``type``)."""
+    """Validate a telemetry URL (the command line uses :func:`rsnotify.argtypes.redis_url`)."""
     scheme = urlsplit(url).scheme
-    if scheme not in ("redis", "rediss", "unix"):
+    if scheme not in REDIS_SCHEMES:
         raise ReportError(
             f"{url!r}: a telemetry target must be a redis://, rediss:// or unix:// URL"
         )
     return url
-
-
-def url_argument(text: str) -> str:
-    """argparse ``type`` for ``--report``: a clear usage error instead of a traceback."""
-    import argparse
-
-    try:
-        return check_url(text)
-    except ReportError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def connect(url: str, *, timeout: float = 2.0) -> aioredis.Redis:

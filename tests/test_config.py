@@ -263,7 +263,7 @@ watch = "yes"
         f"{path}:2: [publish] heartbeat: expected a number, got a boolean (true)",
         f"{path}:3: [publish] format: invalid choice: 'yaml' (choose from 'json', 'xml')",
         f"{path}:4: [publish] retain: bad retention '7x': use N, Ns/m/h/d, or both",
-        f"{path}:5: [publish] poll: invalid float value: 'fast'",
+        f"{path}:5: [publish] poll: not a number: 'fast'",
         f"{path}:6: [publish] mqtt: expected a string, got a number (1883) (quote it)",
         f"{path}:7: [publish] collection: item 2: expected a string, got a number (3) (quote it)",
         f"{path}:8: [publish] watch: expected true or false, got a string ('yes')",
@@ -368,10 +368,10 @@ into = "/srv/mirror"
     captured = capsys.readouterr()
     assert captured.out.splitlines() == [
         f"{path}:2: [common] log-levle: no subcommand has this option; did you mean 'log-level'?",
-        f"{path}:3: [common] metrics-port: invalid int value: 'abc' (for rsnotify publish)",
-        f"{path}:3: [common] metrics-port: invalid int value: 'abc' (for rsnotify subscribe)",
+        f"{path}:3: [common] metrics-port: not an integer: 'abc' (for rsnotify publish)",
+        f"{path}:3: [common] metrics-port: not an integer: 'abc' (for rsnotify subscribe)",
         f"{path}:6: [subscribe] concurency: unknown option; did you mean 'concurrency'?",
-        f"{path}:9: [simulate] port: must be >= 0, got -1",
+        f"{path}:9: [simulate] port: a port is 0..65535, got -1",
     ]
     assert "5 problem(s)" in captured.err
 

@@ -510,16 +510,33 @@ async def test_paths_outside_the_root_are_refused(tmp_path: Path) -> None:
         await mirror.delete(tmp_path / "elsewhere")
 
 
-def test_cleanup_temp_only_removes_temp_files(tmp_path: Path) -> None:
+def test_cleanup_temp_only_removes_temp_files_the_mirror_makes_where_it_makes_them(
+    tmp_path: Path,
+) -> None:
+    """Issue 22: ``--into /`` deleted other programs' ``%tmp.*`` files, and a user's
+    ``%tmp.precious-user-file`` went too.  Only names of ``_new_temp``'s shape, under
+    ``http/`` and ``https/`` (where every resource is), are the mirror's own."""
     mirror = Mirror(tmp_path)
     keep = mirror.path_for("http://s/%25tmp.real")  # a resource that looks like a temp name
     keep.parent.mkdir(parents=True)
     keep.write_bytes(b"resource")
-    (keep.parent / f"{TEMP_PREFIX}0123").write_bytes(b"junk")
-    (mirror.root / f"{TEMP_PREFIX}root").write_bytes(b"junk")
+    ours = [keep.parent / f"{TEMP_PREFIX}0123456789abcdef"]
+    ours.append(mirror.path_for("https://t/a/b").parent / f"{TEMP_PREFIX}fedcba9876543210")
+    ours[1].parent.mkdir(parents=True)
+    theirs = [
+        keep.parent / f"{TEMP_PREFIX}precious-user-file",
+        keep.parent / f"{TEMP_PREFIX}0123",
+        keep.parent / f"{TEMP_PREFIX}0123456789ABCDEF",  # upper-case hex: never ours
+        mirror.root / f"{TEMP_PREFIX}0123456789abcdef",  # outside http/ and https/
+        mirror.root / "other-app" / f"{TEMP_PREFIX}0123456789abcdef",
+    ]
+    theirs[-1].parent.mkdir()
+    for path in ours + theirs:
+        path.write_bytes(b"junk")
     assert mirror.cleanup_temp() == 2
+    assert not any(p.exists() for p in ours)
+    assert all(p.read_bytes() == b"junk" for p in theirs)
     assert keep.read_bytes() == b"resource"
-    assert temp_files(mirror.root) == []
 
 
 # --- in-memory writes (write_bytes) ------------------------------------------------

@@ -281,4 +281,4 @@ def test_mqtt_hub_with_mqtt_or_a_bad_url_is_a_clear_error(tmp_path: Path) -> Non
             timeout=60,
         )
         assert result.returncode == 2, result.stdout + result.stderr
-        assert said in result.stdout
+        assert said in result.stdout + result.stderr

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 
+from .. import argtypes
 from ..errors import RsNotifyError
 from ..logs import setup as setup_logging
 from ..transport.topics import prefix_argument, protocol_argument
@@ -18,35 +19,17 @@ HELP = "serve a live page of publish rates, subscriber lags and end-to-end laten
 log = logging.getLogger("rsnotify.dashboard")
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redis",
+        type=argtypes.redis_url,
         default="redis://127.0.0.1:6379/0",
         metavar="URL",
         help="the Redis holding the log and the telemetry (default: %(default)s)",
     )
     parser.add_argument(
         "--mqtt",
+        type=argtypes.mqtt_url,
         metavar="URL",
         help="also read publisher heartbeats from the retained <prefix>/<collection>/head",
     )
@@ -62,24 +45,50 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="MQTT version: auto (5, falling back to 3.1.1 when refused; default), 5 or 3.1.1",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
-    parser.add_argument("--port", type=_port, default=8080, help="port; 0 picks a free one")
     parser.add_argument(
-        "--interval", type=_positive, default=1.0, help="seconds between page updates (default 1)"
+        "--host",
+        default="127.0.0.1",
+        help="address to serve on; also a Host name the dashboard answers to",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        type=argtypes.non_empty,
+        metavar="NAME",
+        help="also answer requests for this host name (repeatable; '*' for any). IP "
+        "addresses, localhost and --host are always answered; other names are refused "
+        "against DNS rebinding",
+    )
+    parser.add_argument(
+        "--allow-ws-origin",
+        action="append",
+        default=[],
+        type=argtypes.non_empty,
+        metavar="ORIGIN",
+        help="let pages from this origin (https://ops.example.org) read /ws (repeatable; "
+        "'*' for any); by default only the dashboard's own page may",
+    )
+    parser.add_argument("--port", type=argtypes.port, default=8080, help="port; 0 picks a free one")
+    parser.add_argument(
+        "--interval",
+        type=argtypes.positive_number,
+        default=1.0,
+        help="seconds between page updates (default 1)",
     )
     parser.add_argument(
         "--offline-after",
-        type=_positive,
+        type=argtypes.positive_number,
         default=5.0,
         help="a subscriber silent this many seconds is offline (default 5)",
     )
     parser.add_argument(
         "--stale-after",
-        type=_positive,
+        type=argtypes.positive_number,
         default=15.0,
         help="a publisher heartbeat older than this is stale (default 15)",
     )
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", type=argtypes.log_level, default="info")
     parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
 
 
@@ -120,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
             interval=args.interval,
             offline_after=args.offline_after,
             stale_after=args.stale_after,
+            allow_hosts=args.allow_host,
+            allow_ws_origins=args.allow_ws_origin,
         )
         return asyncio.run(_serve(config))
     except RsNotifyError as exc:

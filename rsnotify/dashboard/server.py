@@ -17,6 +17,10 @@ Routes (documented in the README):
 * ``GET /api/events``         newest first (``?limit=``, ``?kind=``)
 * ``GET /metrics``            Prometheus text format
 * ``GET /healthz``            200 while Redis answers, else 503
+
+Every request must carry a ``Host`` the dashboard answers to, and ``/ws`` an
+``Origin`` of its own (or allowed) page: :mod:`.hosts` says which and why
+(DNS rebinding, cross-site WebSockets); refusals are HTTP 403.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -36,6 +41,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from ..cancellation import raise_if_cancelled
 from .collector import Collector
+from .hosts import host_allowed, origin_allowed
 from .metrics import DashboardMetrics
 from .state import DashboardState
 
@@ -65,6 +71,8 @@ class DashboardConfig:
     offline_after: float = 5.0
     stale_after: float = 15.0
     hold: float = 2.0
+    allow_hosts: Sequence[str] = ()  # Host names answered besides IPs, localhost and `host`
+    allow_ws_origins: Sequence[str] = ()  # page origins allowed on /ws besides the dashboard's
 
 
 class Dashboard:
@@ -188,7 +196,7 @@ class Dashboard:
     # -- HTTP ---------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_headers])
+        app = web.Application(middlewares=[self._check_host, _headers])
         app.router.add_get("/", self.page)
         app.router.add_static("/static/", STATIC, show_index=False)
         app.router.add_get("/ws", self.websocket)
@@ -260,7 +268,26 @@ class Dashboard:
         body = {"ok": ok, "redis": self.collector.error or "ok", "version": self.version}
         return web.json_response(body, status=200 if ok else 503)
 
+    @web.middleware
+    async def _check_host(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Refuse a ``Host`` the dashboard was not configured with (DNS rebinding)."""
+        host = request.headers.get("Host")
+        if not host_allowed(host, self.config.host, self.config.allow_hosts):
+            name = (host or "").rpartition(":")[0] or host or ""
+            raise web.HTTPForbidden(
+                text=f"Host {host!r} is not served here; to serve it, start the dashboard with "
+                f"--allow-host {name or 'NAME'}\n"
+            )
+        return await handler(request)
+
     async def websocket(self, request: web.Request) -> web.WebSocketResponse:
+        origin = request.headers.get("Origin")
+        allowed = self.config.allow_ws_origins
+        if not origin_allowed(origin, request.headers.get("Host"), request.secure, allowed):
+            raise web.HTTPForbidden(
+                text=f"a page from {origin!r} may not read this dashboard; to allow it, start "
+                f"the dashboard with --allow-ws-origin {origin}\n"
+            )
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=4096)
         await ws.prepare(request)
         self.clients += 1

@@ -7,11 +7,10 @@ import asyncio
 import os
 import re
 
-from .. import httpoptions
+from .. import argtypes, httpoptions
 from ..config import add_lenient_option, lenient_rules
 from ..log import Retention
 from ..logs import setup as setup_logging
-from ..report import url_argument
 from ..transport.topics import prefix_argument, protocol_argument
 from . import service
 from .service import PublisherConfig
@@ -37,6 +36,12 @@ def parse_retention(text: str) -> Retention:
             max_age = float(match.group(1)) * _UNITS[match.group(2)]
         else:
             raise argparse.ArgumentTypeError(f"bad retention {part!r}: use N, Ns/m/h/d, or both")
+    if max_len == 0 or max_age == 0:
+        # A log that keeps nothing cannot replay a single reconnecting client.
+        raise argparse.ArgumentTypeError(
+            f"bad retention {text.strip()!r}: keep at least 1 entry and more than 0 s "
+            "(or 'none' for no limit)"
+        )
     return Retention(max_len=max_len, max_age_s=max_age)
 
 
@@ -63,13 +68,25 @@ def _positive_int(text: str) -> int:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "source",
+        type=argtypes.source_location,
         metavar="SOURCE",
         help="the Source's base URL, a Source Description or Capability List URL, "
         "or a local directory holding the Source's documents",
     )
     where = parser.add_argument_group("log and state")
     where.add_argument(
-        "--redis", metavar="URL", help="Redis URL for the log (default: embedded SQLite)"
+        "--redis",
+        type=argtypes.redis_url,
+        metavar="URL",
+        help="Redis URL for the log (default: embedded SQLite)",
+    )
+    where.add_argument(
+        "--redis-wait",
+        type=argtypes.positive_number,
+        default=60.0,
+        metavar="SECONDS",
+        help="at start-up, retry an unreachable --redis this long, then exit 1 (default 60; "
+        "once running, a Redis outage is retried for as long as it lasts)",
     )
     where.add_argument(
         "--state-dir", default=".rsnotify", help="embedded log directory (default: .rsnotify)"
@@ -82,7 +99,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     watch = parser.add_argument_group("watching the Source")
     watch.add_argument(
-        "--poll", type=float, default=1.0, help="poll interval in seconds (default 1)"
+        "--poll",
+        type=argtypes.positive_number,
+        default=1.0,
+        help="poll interval in seconds, > 0 (default 1)",
     )
     watch.add_argument(
         "--watch",
@@ -104,7 +124,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_lenient_option(watch)  # --lenient order: Change Lists out of order (resync-build's)
     push = parser.add_argument_group("push transports")
-    push.add_argument("--mqtt", metavar="URL", help="mqtt://[user:pass@]host:port or mqtts://...")
+    push.add_argument(
+        "--mqtt",
+        type=argtypes.mqtt_url,
+        metavar="URL",
+        help="mqtt://[user:pass@]host:port or mqtts://...",
+    )
     push.add_argument("--mqtt-ca", metavar="FILE", help="CA certificate for mqtts://")
     push.add_argument(
         "--mqtt-insecure", action="store_true", help="do not verify the broker's TLS name"
@@ -127,11 +152,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="publish on the old topic names <prefix>/<collection id>/... (dots included) "
         "for Destinations not yet upgraded; brokers such as NATS refuse them",
     )
-    push.add_argument("--ws", metavar="HOST:PORT", help="serve WebSocket clients here")
+    push.add_argument(
+        "--ws",
+        type=argtypes.listen_address,
+        metavar="HOST:PORT",
+        help="serve WebSocket clients here",
+    )
     push.add_argument(
         "--ws-token",
+        type=argtypes.non_empty,
         default=os.environ.get("RSNOTIFY_WS_TOKEN"),
-        help="bearer token WebSocket clients must present",
+        help="bearer token WebSocket clients must present (or RSNOTIFY_WS_TOKEN); set it on "
+        "any gateway reachable from outside this host",
+    )
+    push.add_argument(
+        "--ws-max-per-address",
+        type=argtypes.nonneg_int,
+        metavar="N",
+        help="WebSocket connections one client address (an IPv6 /64) may hold, then HTTP 429 "
+        "(default 256; 0: no limit, e.g. behind a proxy that limits per client)",
     )
     push.add_argument(
         "--ws-cert", metavar="FILE", help="serve wss:// with this certificate chain (PEM)"
@@ -144,6 +183,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     push.add_argument(
         "--mqtt-hub",
+        type=argtypes.mqtt_url,
         metavar="URL",
         help="advertise this broker's channels (rs:ln rel=hub) without pushing to it: "
         "an --mqtt-only gateway does the pushing",
@@ -156,6 +196,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     push.add_argument(
         "--websub",
+        type=argtypes.listen_address,
         metavar="HOST:PORT",
         help="run a WebSub hub here (ResourceSync Change Notification): topic per "
         "collection at http://HOST:PORT/<collection>, Atom feed at <topic>/feed.atom",
@@ -240,15 +281,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="directory SOURCE: advertise the channels in its Capability Lists "
         "(WebSub as Change Notification section 5 says)",
     )
-    push.add_argument("--heartbeat", type=float, default=5.0, help="head/heartbeat interval (s)")
+    push.add_argument(
+        "--heartbeat",
+        type=argtypes.positive_number,
+        default=5.0,
+        help="head/heartbeat interval (s)",
+    )
     push.add_argument("--format", choices=("json", "xml"), default="json", help="payload format")
     push.add_argument(
         "--secret",
+        type=argtypes.non_empty,
         default=os.environ.get("RSNOTIFY_SECRET"),
         help="HMAC-SHA256 signing secret (or RSNOTIFY_SECRET)",
     )
     push.add_argument(
-        "--secret-id", default="k1", help="key id sent with signatures (for rotation)"
+        "--secret-id",
+        type=argtypes.non_empty,
+        default="k1",
+        help="key id sent with signatures (for rotation)",
     )
     httpoptions.add_arguments(parser)
     ha = parser.add_argument_group("high availability")
@@ -258,14 +308,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="run several publishers for one Source: a Redis lease elects the one that publishes",
     )
     ha.add_argument("--ha-group", help="name shared by the publishers of one Source")
-    ha.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease TTL in seconds")
+    ha.add_argument(
+        "--lease-ttl",
+        type=argtypes.positive_number,
+        default=3.0,
+        help="leader lease TTL in seconds",
+    )
     ops = parser.add_argument_group("operations")
-    ops.add_argument("--metrics-port", type=int, help="serve /metrics and /healthz on this port")
+    ops.add_argument(
+        "--metrics-port", type=argtypes.port, help="serve /metrics and /healthz on this port"
+    )
     ops.add_argument("--metrics-host", default="127.0.0.1")
     ops.add_argument(
-        "--report", type=url_argument, metavar="URL", help="dashboard telemetry (default: --redis)"
+        "--report",
+        type=argtypes.redis_url,
+        metavar="URL",
+        help="dashboard telemetry (default: --redis)",
     )
-    ops.add_argument("--log-level", default="info")
+    ops.add_argument("--log-level", type=argtypes.log_level, default="info")
     ops.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
 
 
@@ -283,17 +343,9 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 2
-    if args.mqtt_hub:
-        from ..transport.mqtturl import InvalidBrokerURL, parse_broker_url
-
-        if args.mqtt or args.mqtt_only:
-            print("rsnotify publish: --mqtt-hub is for a publisher without --mqtt", flush=True)
-            return 2
-        try:
-            parse_broker_url(args.mqtt_hub)
-        except InvalidBrokerURL as exc:
-            print(f"rsnotify publish: --mqtt-hub: {exc}", flush=True)
-            return 2
+    if args.mqtt_hub and (args.mqtt or args.mqtt_only):
+        print("rsnotify publish: --mqtt-hub is for a publisher without --mqtt", flush=True)
+        return 2
     if (args.ws_cert or args.ws_key) and not (args.ws and args.ws_cert):
         print("rsnotify publish: --ws-cert/--ws-key need --ws, --ws-key a --ws-cert", flush=True)
         return 2
@@ -371,5 +423,7 @@ def run(args: argparse.Namespace) -> int:
         websub_hub=args.websub_hub,
         websub_hub_mode=args.websub_hub_mode,
         framework_interval=args.framework_interval,
+        ws_max_per_address=args.ws_max_per_address,
+        redis_wait=args.redis_wait,
     )
     return asyncio.run(service.run(config))

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import signal
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from .. import discovery, framework, sitemap, w3cdt
 from ..backoff import Backoff
 from ..collection import collection_id
 from ..envelope import Notification, to_json
-from ..errors import DocumentError, FetchError, RsNotifyError
+from ..errors import DocumentError, FetchError, RsNotifyError, listening
 from ..fetch import Fetcher
 from ..framework import FrameworkChange
 from ..httppolicy import HttpPolicy
@@ -117,6 +118,8 @@ class PublisherConfig:
     # Framework Notification 1.0.1 (with --websub): seconds between checks of the
     # Capability List's Resource List, Dumps and Change Lists; 0 turns it off.
     framework_interval: float = 30.0
+    ws_max_per_address: int | None = None  # connections per client address (None: the default)
+    redis_wait: float = 60.0  # seconds start-up waits for the log's Redis before exiting
 
 
 @dataclass(slots=True)
@@ -161,6 +164,7 @@ class Publisher:
         self._election: Any = None
         self._fence: int | None = None
         self.is_leader = False
+        self._log_down_since: float | None = None  # start-up: when the log stopped answering
 
     # -- set-up ------------------------------------------------------------------
 
@@ -248,17 +252,21 @@ class Publisher:
         """Open the log, discover the Source, start watchers, transports and metrics."""
         config = self.config
         # Its own transports read back what it appends: from memory, not the backend.
-        self.log = TailCache(open_log(config.redis, config.state_dir))
+        try:
+            self.log = TailCache(open_log(config.redis, config.state_dir))
+        except (OSError, sqlite3.Error) as exc:
+            raise RsNotifyError(f"--state-dir {config.state_dir}: {exc}") from None
         self._fetcher = Fetcher(policy=config.http.with_credential_origins([config.source]))
         self._access = (
             DirectoryAccess(config.source) if self._is_directory() else HttpAccess(self._fetcher)
         )
         if config.metrics_port is not None:
-            self._metrics_runner, self.metrics_port = await serve(
-                metrics_app(self.metrics.registry, lambda: self._healthy),
-                config.metrics_host,
-                config.metrics_port,
-            )
+            with listening("metrics", config.metrics_host, config.metrics_port):
+                self._metrics_runner, self.metrics_port = await serve(
+                    metrics_app(self.metrics.registry, lambda: self._healthy),
+                    config.metrics_host,
+                    config.metrics_port,
+                )
         if config.ha and not config.redis:
             raise RsNotifyError("--ha elects a leader through Redis: give --redis")
         if config.mqtt_only and (config.ws_only or not config.redis or not config.mqtt):
@@ -392,9 +400,13 @@ class Publisher:
         config = self.config
         assert self.log is not None
         if config.ws:
+            from ..runtime import release_memory
             from ..transport.ws import WebSocketGateway, server_tls_context
 
             host, _, port = config.ws.rpartition(":")
+            limits: dict[str, int] = {}
+            if config.ws_max_per_address is not None:
+                limits["max_per_address"] = config.ws_max_per_address
             self._ws = WebSocketGateway(
                 self.log,
                 host=host or "127.0.0.1",
@@ -410,8 +422,11 @@ class Publisher:
                 on_client_change=self.metrics.ws_clients.set,
                 on_published=self._on_ws_published,
                 renderer=self.renderer,
+                release_memory=release_memory,
+                **limits,
             )
-            await self._ws.start()
+            with listening("WebSocket clients", self._ws.host, self._ws.port):
+                await self._ws.start()
             self.ws_port = self._ws.port
         if config.websub and not config.ha:  # with --ha only the leader runs the hub
             await self._start_websub()
@@ -458,7 +473,11 @@ class Publisher:
             framework_topics=self._framework_enabled(),
         )
         try:
-            await hub.start()
+            if self.config.ha:  # the old leader may hold the port a moment: _lead_websub retries
+                await hub.start()
+            else:
+                with listening("the WebSub hub", hub.host, hub.port):
+                    await hub.start()
         except BaseException:
             with contextlib.suppress(Exception):
                 await hub.stop()
@@ -679,17 +698,43 @@ class Publisher:
                 await self._stopping.wait()
 
     async def _retry(self, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run a log operation until the log answers (or we are stopping)."""
+        """Run a start-up log operation until the log answers, or give up.
+
+        The retry policy when Redis is down: at start-up (the only caller),
+        retry with backoff while the log has been unreachable for less than
+        ``redis_wait`` seconds (``--redis-wait``), saying each time when the
+        next try is and when start-up gives up; then raise, and the command
+        exits 1 (systemd's ``Restart=on-failure`` starts it again), so a wrong
+        ``--redis`` is an error within a minute instead of a silent loop.
+        Once running, a Redis outage is retried for as long as it lasts (the
+        watch loops): nothing is lost, the checkpoint waits in the log.
+        """
         backoff = Backoff()
         while True:
             try:
-                return await operation(*args)
+                result = await operation(*args)
             except LogUnavailable as exc:
                 if self._stopping.is_set():
                     raise
-                delay = backoff.next()
-                log.warning("log unavailable (%s); retrying in %.1fs", exc, delay)
+                now = time.monotonic()
+                if self._log_down_since is None:
+                    self._log_down_since = now
+                left = self._log_down_since + self.config.redis_wait - now
+                if left <= 0:
+                    raise LogUnavailable(
+                        f"{exc} (gave up after --redis-wait {self.config.redis_wait:g} s)"
+                    ) from None
+                delay = min(backoff.next(), left)
+                log.warning(
+                    "log unavailable (%s); retrying in %.1fs, start-up gives up in %.0fs",
+                    exc,
+                    delay,
+                    left,
+                )
                 await self._sleep(delay)
+            else:
+                self._log_down_since = None
+                return result
 
     async def _wait_trigger(self, collection: _Collection) -> None:
         with contextlib.suppress(TimeoutError):

@@ -18,6 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
+from .. import argtypes
 from .server import Simulator, SimulatorConfig
 from .site import RESOURCE_LIST_LIMIT
 from .source import DEFAULT_CHANGELIST_SIZE, SimulatorError, Weights
@@ -35,40 +36,13 @@ def _weights(text: str) -> Weights:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _pos_int(text: str) -> int:
-    value = _nonneg_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     net = parser.add_argument_group("serving")
     net.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
     )
     net.add_argument(
-        "--port", type=_nonneg_int, default=0, help="port; 0 picks a free one (default)"
+        "--port", type=argtypes.port, default=0, help="port; 0 picks a free one (default)"
     )
     net.add_argument(
         "--base-url",
@@ -83,32 +57,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
     shape = parser.add_argument_group("the Source")
     shape.add_argument(
         "--collections",
-        type=_pos_int,
+        type=argtypes.positive_int,
         default=1,
         help="collections, one Capability List each (default: %(default)s)",
     )
     shape.add_argument(
         "--resources",
-        type=_nonneg_int,
+        type=argtypes.nonneg_int,
         default=100,
         help="initial resources per collection (default: %(default)s)",
     )
     shape.add_argument(
         "--payload-bytes",
-        type=_nonneg_int,
+        type=argtypes.nonneg_int,
         default=1024,
         help="mean resource size in bytes (default: %(default)s)",
     )
     shape.add_argument(
         "--changelist-size",
-        type=_pos_int,
+        type=argtypes.positive_int,
         default=DEFAULT_CHANGELIST_SIZE,
         help="entries after which the open Change List is closed and a new one opened "
         "(default: %(default)s)",
     )
     shape.add_argument(
         "--resourcelist-size",
-        type=_pos_int,
+        type=argtypes.positive_int,
         default=RESOURCE_LIST_LIMIT,
         help="entries per Resource List before it becomes an index with parts "
         "(default: %(default)s)",
@@ -147,13 +121,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     changes = parser.add_argument_group("changes")
     changes.add_argument(
         "--rate",
-        type=_rate,
+        type=argtypes.nonneg_number,
         default=10.0,
         help="changes per second across all collections, 0 for none (default: %(default)s)",
     )
     changes.add_argument(
         "--max-changes",
-        type=_nonneg_int,
+        type=argtypes.nonneg_int,
         default=None,
         help="stop changing after this many changes, but keep serving",
     )
@@ -189,7 +163,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     shape.add_argument(
         "--large-every",
-        type=_nonneg_int,
+        type=argtypes.nonneg_int,
         default=0,
         metavar="N",
         help="make one resource URI in N large (--large-bytes), e.g. to kill a Destination "
@@ -197,7 +171,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     shape.add_argument(
         "--large-bytes",
-        type=_nonneg_int,
+        type=argtypes.nonneg_int,
         default=4 * 1024 * 1024,
         help="mean size of the large resources (default: %(default)s)",
     )

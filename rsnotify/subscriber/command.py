@@ -6,10 +6,10 @@ import argparse
 import asyncio
 import os
 
-from .. import httpoptions
+from .. import argtypes, httpoptions
 from ..config import add_lenient_option, lenient_rules
+from ..errors import RsNotifyError
 from ..logs import setup as setup_logging
-from ..report import url_argument
 from ..transport.topics import prefix_argument, protocol_argument
 from . import service
 from .service import SubscriberConfig
@@ -33,11 +33,43 @@ def parse_secrets(values: list[str]) -> dict[str, bytes] | None:
     return keys
 
 
+def secret_argument(text: str) -> str:
+    """``[KEYID=]SECRET`` with a non-empty SECRET (an empty key would verify forgeries)."""
+    key_id, sep, secret = text.partition("=")
+    if sep and key_id and ":" not in key_id and not secret.strip():
+        raise argparse.ArgumentTypeError(f"the secret after {key_id + '='!r} must not be empty")
+    return argtypes.non_empty(text)
+
+
+def channel_argument(text: str) -> str:
+    """``--via``: a channel :func:`.service.channel_kind` knows."""
+    try:
+        service.channel_kind(text)
+    except RsNotifyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "source", metavar="SOURCE", help="the Source's base URL or a Capability List URL"
+        "source",
+        type=argtypes.http_url,
+        metavar="SOURCE",
+        help="the Source's base URL or a Capability List URL",
     )
-    parser.add_argument("--into", required=True, metavar="DIR", help="the mirror directory")
+    parser.add_argument(
+        "--into",
+        required=True,
+        type=argtypes.non_empty,
+        metavar="DIR",
+        help="the mirror directory: new, empty, or one rsnotify made (never / or your home)",
+    )
+    parser.add_argument(
+        "--adopt",
+        action="store_true",
+        help="take over a non-empty --into that rsnotify did not make (its own files stay; "
+        "rsnotify's temp files are the only ones it ever cleans up)",
+    )
     # The Destination reads Change Lists out of order by default (resync-built Sources
     # group them by change type): --strict refuses them (Z39.99 section 12.1).
     add_lenient_option(parser, default="order")
@@ -48,6 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--via",
+        type=channel_argument,
         metavar="URL",
         help="push channel (mqtt://host:port, ws://host:port, websub for the advertised "
         "WebSub hub, or a WebSub hub's http(s):// URL); default: the advertised hub",
@@ -81,7 +114,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="MQTT topic prefix (default: from the advertised hub)",
     )
     parser.add_argument(
-        "--concurrency", type=int, default=16, help="resources fetched at once (default 16)"
+        "--concurrency",
+        type=argtypes.positive_int,
+        default=16,
+        help="resources fetched at once, >= 1 (default 16)",
     )
     parser.add_argument(
         "--metadata-only", action="store_true", help="record changes without fetching resources"
@@ -97,19 +133,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--heartbeat-timeout",
-        type=float,
+        type=argtypes.positive_number,
         default=30.0,
         help="seconds without a heartbeat before catching up",
     )
     parser.add_argument(
         "--safety-poll",
-        type=float,
+        type=argtypes.positive_number,
         default=300.0,
         help="seconds between safety polls of the Change Lists",
     )
     parser.add_argument(
         "--secret",
         action="append",
+        type=secret_argument,
         default=[s for s in [os.environ.get("RSNOTIFY_SECRET")] if s],
         metavar="[KEYID=]SECRET",
         help="require notifications signed with this secret (repeat for key rotation)",
@@ -124,12 +161,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ws-token",
+        type=argtypes.non_empty,
         default=os.environ.get("RSNOTIFY_WS_TOKEN"),
         help="bearer token for the WebSocket gateway",
     )
     parser.add_argument(
         "--allow-origin",
         action="append",
+        type=argtypes.http_url,
         default=[],
         metavar="URL",
         help="also fetch from this origin (mirrors)",
@@ -140,15 +179,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="run CMD per applied change (RSNOTIFY_CHANGE, _LOC, _PATH, _DATETIME, _SEQ)",
     )
     parser.add_argument(
-        "--retries", type=int, default=5, help="retries per change on fixity or transient errors"
+        "--retries",
+        type=argtypes.nonneg_int,
+        default=5,
+        help="retries per change on fixity or transient errors",
     )
     parser.add_argument("--name", help="subscriber name in metrics and the dashboard")
     parser.add_argument(
-        "--report", type=url_argument, metavar="URL", help="send telemetry to this Redis"
+        "--report", type=argtypes.redis_url, metavar="URL", help="send telemetry to this Redis"
     )
     parser.add_argument(
         "--redis",
-        type=url_argument,
+        type=argtypes.redis_url,
         metavar="URL",
         help="keep the cursors in this Redis (key rsn:dest:{NAME}:cursors) instead of SQLite",
     )
@@ -164,9 +206,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ws-ca", metavar="FILE", help="CA certificate for wss:// (default: the system store)"
     )
-    parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--metrics-port", type=argtypes.port)
     parser.add_argument("--metrics-host", default="127.0.0.1")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", type=argtypes.log_level, default="info")
     parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
 
 
@@ -181,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
         source=args.source,
         http=http,
         into=args.into,
+        adopt=args.adopt,
         state=args.state,
         via=args.via,
         collections=args.collection,

@@ -131,6 +131,8 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 HASHLIB_NAMES = {"md5": "md5", "sha-1": "sha1", "sha-256": "sha256", "sha-512": "sha512"}
 DEFAULT_ALGORITHMS = ("md5", "sha-256")
 
+#: The name of a temp file :meth:`Mirror._new_temp` makes, and the only kind cleaned up.
+_TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]{16}")
 _HOST = re.compile(r"[a-z0-9._-]+")
 _IPV6 = re.compile(r"[0-9a-f:.]+")
 T = TypeVar("T")
@@ -1138,7 +1140,7 @@ class Mirror:
 
     @staticmethod
     def _new_temp(dir_fd: int) -> tuple[int, str]:
-        """Create a fresh temp file in ``dir_fd``: ``(fd, name)``."""
+        """Create a fresh temp file in ``dir_fd``: ``(fd, name)`` (``_TEMP_NAME``'s shape)."""
         temp = f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         return os.open(temp, flags, 0o644, dir_fd=dir_fd), temp
@@ -1258,17 +1260,27 @@ class Mirror:
     def cleanup_temp(self) -> int:
         """Remove temp files left by an interrupted write; returns how many.
 
-        Call it at startup, before anything writes: it removes *every*
-        ``%tmp.*`` file under the root, including one a live writer in another
-        process is filling (two processes must not share a mirror root).
-        Symlinked directories are not descended into.
+        Only what this mirror makes is touched: files named exactly like
+        :meth:`_new_temp`'s (``%tmp.`` and 16 hex digits), under the
+        ``http/`` and ``https/`` directories that :func:`path_for` maps every
+        resource into.  Anything else -- a user's ``%tmp.precious-user-file``,
+        another program's temp files elsewhere in an adopted directory -- is
+        never deleted, and the walk never leaves those two trees (the
+        ``--into /`` finding: the old walk crossed the whole filesystem).
+        Call it at start-up, before anything writes, with the mirror's lock
+        held (:mod:`.ownership`), since a live writer's temp file has the same
+        shape.  Symlinked directories are not descended into.
         """
         removed = 0
-        for directory, dirnames, filenames in os.walk(self.root, followlinks=False):
-            for name in filenames:
-                if name.startswith(TEMP_PREFIX):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(directory, name))
-                        removed += 1
-            dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
+        for scheme in DEFAULT_PORTS:
+            top = self.root / scheme
+            if top.is_symlink() or not top.is_dir():
+                continue
+            for directory, dirnames, filenames in os.walk(top, followlinks=False):
+                for name in filenames:
+                    if _TEMP_NAME.fullmatch(name):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(os.path.join(directory, name))
+                            removed += 1
+                dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
         return removed

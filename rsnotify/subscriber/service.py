@@ -25,7 +25,7 @@ from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
 from ..collection import collection_id
 from ..envelope import Notification
-from ..errors import RsNotifyError
+from ..errors import RsNotifyError, listening
 from ..fetch import Fetcher, origin_of
 from ..httppolicy import HttpPolicy
 from ..metrics import metrics_app, serve
@@ -41,6 +41,7 @@ from .channels import MqttChannel, WebSocketChannel, client_tls_context
 from .cursor import CursorStore, StateLock
 from .gaps import GapDetector
 from .mirror import Mirror
+from .ownership import MirrorLock, MirrorRefused, claim
 from .redis_cursor import RedisCursorStore, destination_id
 from .resources import ResourceStore
 from .sync import CollectionSync
@@ -54,6 +55,7 @@ log = logging.getLogger("rsnotify.subscribe")
 class SubscriberConfig:
     source: str
     into: str
+    adopt: bool = False  # take over a non-empty --into rsnotify did not make (see .ownership)
     state: str | None = None
     via: str | None = None  # mqtt://... or ws://...; default: the advertised hub
     collections: Sequence[str] = ()
@@ -119,7 +121,7 @@ class _CommandHooks(Hooks):
             log.warning("--on-change exited %d for %s", code, change.loc)
 
 
-def _channel_for(via: str) -> str:
+def channel_kind(via: str) -> str:
     scheme = urlsplit(via).scheme
     if scheme in ("mqtt", "mqtts"):
         return "mqtt"
@@ -140,6 +142,7 @@ class Subscriber:
         self.metrics = SubscriberMetrics(config.name or Path(config.into).name)
         self.engines: dict[str, CollectionSync] = {}
         self._lock = StateLock(self.state_dir)
+        self._mirror_lock: MirrorLock | None = None
         self._fetcher: Fetcher | None = None
         self._cursors: CursorStore | RedisCursorStore | None = None
         self._resources: ResourceStore | None = None
@@ -176,9 +179,13 @@ class Subscriber:
 
     async def start(self) -> None:
         config = self.config
-        Path(config.into).mkdir(parents=True, exist_ok=True)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._lock.acquire()
+        # The mirror first: it refuses / and foreign directories before anything is made.
+        self._mirror_lock = claim(config.into, self.state_dir, adopt=config.adopt)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()
+        except OSError as exc:
+            raise RsNotifyError(f"state directory {self.state_dir}: {exc.strerror}") from None
         # Retired inodes wait in the state directory, beside the mirror and
         # (by default) on its filesystem, never inside the mirror itself: a
         # web server publishing the mirror must not serve old versions.
@@ -200,9 +207,10 @@ class Subscriber:
             policy=config.http.with_credential_origins([config.source]),
         )
         if config.metrics_port is not None:
-            self._metrics_runner, self.metrics_port = await serve(
-                metrics_app(self.metrics.registry), config.metrics_host, config.metrics_port
-            )
+            with listening("metrics", config.metrics_host, config.metrics_port):
+                self._metrics_runner, self.metrics_port = await serve(
+                    metrics_app(self.metrics.registry), config.metrics_host, config.metrics_port
+                )
         info = await self._discover()
         allowed = {origin_of(config.source)} | {origin_of(o) for o in config.allow_origins}
         hooks = _CommandHooks(config.on_change) if config.on_change else None
@@ -272,10 +280,10 @@ class Subscriber:
                 else:
                     log.warning("%s advertises no push channel: polling only (give --via)", cap.url)
                 continue
-            if _channel_for(hub) == "websub":
+            if channel_kind(hub) == "websub":
                 self._channels.append(self._websub_channel(cap, cid, hub, engine))
                 self.metrics.transport.labels(cid).info({"transport": "websub"})
-            elif _channel_for(hub) == "ws":
+            elif channel_kind(hub) == "ws":
                 channel = WebSocketChannel(
                     hub,
                     cid,
@@ -472,6 +480,8 @@ class Subscriber:
         if self._resources is not None:
             await self._resources.close()
         self._lock.release()
+        if self._mirror_lock is not None:
+            self._mirror_lock.release()
 
 
 async def run(config: SubscriberConfig) -> int:
@@ -496,6 +506,6 @@ async def run(config: SubscriberConfig) -> int:
     except RsNotifyError as exc:
         log.error("%s", exc)
         print(f"rsnotify subscribe: {exc}", flush=True)
-        return 1
+        return 2 if isinstance(exc, MirrorRefused) else 1  # 2: not restarted by systemd
     finally:
         await subscriber.stop()

@@ -44,6 +44,28 @@ Replay without gaps or duplicates
 
 Compression (permessage-deflate) is off: it would cost every connection its
 own zlib state and compress every shared frame once per client.
+
+What one client address may take
+    A connection costs the gateway about 20 KB (its tasks, buffers and
+    websockets' state), so one client without a token could once hold all
+    ``max_clients`` slots (10,000: +200 MB) and lock everyone else out.  Each
+    client address (an IPv4 address, an IPv6 /64, which is what one host
+    gets) may hold ``max_per_address`` connections (256 by default); the next
+    is refused with HTTP 429 before the WebSocket opens.  Slots are counted
+    from the moment a handshake is accepted until its TCP connection is gone,
+    so a burst of simultaneous handshakes cannot overshoot.  Behind a reverse
+    proxy every client has the proxy's address: raise the limit or set 0 (no
+    limit) there, and let the proxy limit per client.
+
+Giving memory back
+    When many connections close (at least ``RELEASE_AFTER`` since the busiest
+    moment, and half of them), the gateway calls ``release_memory`` once,
+    ``RELEASE_DELAY`` seconds after the last connection is gone and the last
+    handler has ended (what a running handler holds cannot be freed yet): the publisher passes
+    :func:`rsnotify.runtime.release_memory`, which collects the reference
+    cycles asyncio leaves behind each closed transport (otherwise held until a
+    rare full collection) and returns freed heap pages to the system.
+    Measured in ``bench/ws_connections.py``.
 """
 
 from __future__ import annotations
@@ -51,6 +73,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import logging
 import os
 import random
@@ -91,6 +114,12 @@ BACKOFF_MAX = 5.0
 #: How long a tailer whose ring is full waits for its fastest client to make
 #: room, and how recent that client's progress must be to be waited for.
 PACE_GRACE = 0.5
+#: Connections one client address may hold by default (0: no limit).
+MAX_PER_ADDRESS = 256
+#: Closed connections (since the busiest moment) that make memory worth releasing.
+RELEASE_AFTER = 500
+#: Seconds without a further close before ``release_memory`` runs.
+RELEASE_DELAY = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +203,7 @@ class WebSocketGateway:
         ping_timeout: float | None = 20.0,
         heartbeat: float = 5.0,
         max_clients: int = 10_000,
+        max_per_address: int = MAX_PER_ADDRESS,
         server_id: str | None = None,
         on_client_change: Callable[[int], None] | None = None,
         on_published: Callable[[str, int, int, float], None] | None = None,
@@ -183,11 +213,14 @@ class WebSocketGateway:
         pace_grace: float = PACE_GRACE,
         ssl_context: ssl.SSLContext | None = None,
         renderer: outbound.Renderer | None = None,
+        release_memory: Callable[[], object] | None = None,
     ) -> None:
         if fmt not in wsproto.FORMATS:
             raise ValueError(f"unknown notification format {fmt!r}")
         if queue_size < 1 or max_clients < 1 or write_limit < 1:
             raise ValueError("queue_size, max_clients and write_limit must be positive")
+        if max_per_address < 0:
+            raise ValueError("max_per_address must be >= 0 (0: no limit)")
         if heartbeat <= 0 or refresh_interval <= 0:
             raise ValueError("heartbeat and refresh_interval must be positive")
         if token is not None and not token:
@@ -199,6 +232,7 @@ class WebSocketGateway:
         self.queue_size = queue_size
         self.heartbeat = heartbeat
         self.max_clients = max_clients
+        self.max_per_address = max_per_address
         self.write_limit = write_limit
         self.server_id = server_id or f"{socket.gethostname()}:{os.getpid()}"
         self._signer = signer
@@ -222,6 +256,12 @@ class WebSocketGateway:
         self._collections: dict[str, str] = {}
         self._tailers: dict[str, _Tailer] = {}
         self._connections: set[ServerConnection] = set()
+        # Admitted handshakes (not yet disconnected), in all and per client address.
+        self._admitted = 0
+        self._per_address: dict[str, int] = {}
+        self._release_memory = release_memory
+        self._busiest = 0  # most admitted since memory was last released
+        self._release_timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -265,6 +305,9 @@ class WebSocketGateway:
             task.cancel()
         server.close(code=wsproto.CLOSE_GOING_AWAY)
         await server.wait_closed()
+        if self._release_timer is not None:
+            self._release_timer.cancel()
+            self._release_timer = None
         tasks += [t.task for t in self._tailers.values() if t.task is not None]
         for task in tasks:
             task.cancel()
@@ -295,6 +338,10 @@ class WebSocketGateway:
         tailer = self._tailers.get(collection)
         return tailer.position if tailer is not None else None
 
+    def connections_from(self, address: str) -> int:
+        """Connections held by one client address (its IPv6 /64 for IPv6)."""
+        return self._per_address.get(address_key(address), 0)
+
     def buffered_bytes(self) -> int:
         """Bytes waiting in all clients' write buffers (each bounded by ``write_limit``)."""
         return sum(ws.transport.get_write_buffer_size() for ws in list(self._connections))
@@ -306,9 +353,60 @@ class WebSocketGateway:
             response = connection.respond(HTTPStatus.UNAUTHORIZED, "A bearer token is required.\n")
             response.headers["WWW-Authenticate"] = 'Bearer realm="rsnotify"'
             return response
-        if len(self._connections) >= self.max_clients:
+        if self._admitted >= self.max_clients:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "Too many clients.\n")
+        address = address_key(connection.remote_address[0])
+        if self.max_per_address and self._per_address.get(address, 0) >= self.max_per_address:
+            return connection.respond(
+                HTTPStatus.TOO_MANY_REQUESTS, "Too many connections from your address.\n"
+            )
+        self._admit(connection, address)
         return None
+
+    def _admit(self, connection: ServerConnection, address: str) -> None:
+        """Count the connection against its address until its TCP connection is gone.
+
+        Counted here, not in the handler: the handler starts only after the
+        101 response is written, and handshakes in flight meanwhile must see
+        this one.  ``connection_lost_waiter`` completes however the connection
+        ends, including a handshake that fails after this point.
+        """
+        self._admitted += 1
+        self._per_address[address] = self._per_address.get(address, 0) + 1
+        self._busiest = max(self._busiest, self._admitted)
+        connection.connection_lost_waiter.add_done_callback(lambda _: self._discharge(address))
+
+    def _discharge(self, address: str) -> None:
+        self._admitted -= 1
+        left = self._per_address[address] - 1
+        if left:
+            self._per_address[address] = left
+        else:
+            del self._per_address[address]  # the table must not keep every address ever seen
+        self._schedule_release()
+
+    def _schedule_release(self) -> None:
+        """Release memory once after many closes, when they have stopped for a moment."""
+        if self._release_memory is None or self._server is None:
+            return
+        closed = self._busiest - self._admitted
+        if closed < RELEASE_AFTER or self._admitted > self._busiest // 2:
+            return
+        if self._release_timer is not None:
+            self._release_timer.cancel()  # still closing: wait until they stop
+        loop = asyncio.get_running_loop()
+        self._release_timer = loop.call_later(RELEASE_DELAY, self._release)
+
+    def _release(self) -> None:
+        self._release_timer = None
+        closed, self._busiest = self._busiest - self._admitted, self._admitted
+        assert self._release_memory is not None
+        try:
+            self._release_memory()
+        except Exception:
+            logger.exception("release_memory callback failed")
+        else:
+            logger.info("released memory after %d connections closed", closed)
 
     def _authorised(self, request: Request) -> bool:
         assert self._token is not None
@@ -345,6 +443,8 @@ class WebSocketGateway:
                 stream.tailer.clients.discard(client)
             self._connections.discard(ws)
             self._client_count_changed()
+            # A handler may end after its TCP connection is gone: wait for it too.
+            self._schedule_release()
 
     async def _refuse(self, ws: ServerConnection, frame: str, code: int, reason: str) -> None:
         # A client that reads nothing must not keep its handler alive forever.
@@ -627,6 +727,19 @@ class WebSocketGateway:
             self._on_client_change(len(self._connections))
         except Exception:
             logger.exception("on_client_change callback failed")
+
+
+def address_key(address: str) -> str:
+    """The address a per-address limit counts: IPv4 as is, IPv6 by its /64 (one host's share)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -29,7 +29,8 @@ Browsers cannot set that header on a WebSocket, so ``?access_token=<token>``
 is accepted too -- at a price: a query string lands in proxy and server
 access logs and in browser history, so give browsers a separate read-only
 token, rotate it, and use ``wss://``.  A gateway at its client limit answers
-HTTP 503.
+HTTP 503; a client address holding its share of connections (256 by
+default; an IPv6 /64 counts as one address) gets HTTP 429.
 
 Frames
 ------
