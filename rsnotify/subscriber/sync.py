@@ -63,6 +63,10 @@ QUEUE_SIZE = 100_000
 CATCH_UP_PASSES = 3  # reads of the Change Lists per catch-up (see _walk_change_lists)
 SAVE_INTERVAL = 1.0  # seconds between cursor writes while changes keep coming
 CATCH_UP_ATTEMPTS = 5  # reads of the Change Lists before a catch-up gives up
+# Push never moves the position (see .trust): a quiet walk follows it this often,
+# so a restart re-reads at most this much and provisional states get confirmed.
+CONFIRM_AFTER_CHANGES = 1_000
+CONFIRM_AFTER_SECONDS = 30.0
 
 
 @dataclass(slots=True)
@@ -85,6 +89,7 @@ class SyncStats:
     refused: int = 0  # pushed notifications refused (future-dated) or not confirmed
     rebaselines: int = 0  # new baselines taken because the Change Lists left a hole
     polls: int = 0  # walks of the Change Lists made because push was down (degraded mode)
+    confirm_walks: int = 0  # quiet walks behind push, moving the position over what it applied
     mode: str = "push"  # push, or polling while the push channel is down
     mode_reason: str = ""  # why (the channel's last word)
     doubts: int = 0  # untrusted input that disagreed with the Source (each settled by a walk)
@@ -137,6 +142,8 @@ class CollectionSync:
         self.trusted_push = keys is not None
         self._seqs = SeqMemory()
         self._decoded = False  # the last message was readable
+        self._pushed_since_walk = 0  # pushed changes the position has not caught up with
+        self._last_walk = time.monotonic()
         # Push or poll (see .pushhealth): polls the Change Lists while push is down.
         self.health = PushHealth(grace=degraded_after, interval=degraded_poll, now=time.monotonic())
         self._doubts = DoubtLimiter(doubt_interval)
@@ -220,19 +227,27 @@ class CollectionSync:
 
     # -- the ordered pipeline ------------------------------------------------------------
 
-    def _submit(self, entry: Entry, changelist: str, *, unordered: bool = False) -> None:
+    def _submit(
+        self, entry: Entry, changelist: str, *, unordered: bool = False, settled: bool = False
+    ) -> None:
         """Apply a Change List entry read from the Source, moving the position over it.
 
         ``unordered``: its list was out of forward chronological order, so the
         applier asks the Source where a change time would otherwise decide.
+        ``settled``: the mirror already holds exactly this change (push applied
+        it): only the position moves (:meth:`Applier.settle_many`).
         """
         if not self._submitted.is_new(entry):
             self.stats.skipped += 1
             self._pending.append(_Pending(None, None, None))
         else:
             self._submitted = self._submitted.advance(entry, changelist)
-            future = self.applier.submit(entry, collection=self.collection, unordered=unordered)
-            self._pending.append(_Pending(future, None, self._submitted))
+            if settled:
+                self.stats.skipped += 1
+                self._pending.append(_Pending(None, None, self._submitted))
+            else:
+                future = self.applier.submit(entry, collection=self.collection, unordered=unordered)
+                self._pending.append(_Pending(future, None, self._submitted))
         self._wake.set()
 
     def _submit_pushed(self, n: Notification) -> None:
@@ -242,6 +257,7 @@ class CollectionSync:
             self.stats.skipped += 1
             self._pending.append(_Pending(None, n.seq, None))
         else:
+            self._pushed_since_walk += 1
             future = self.applier.submit(n, confirmed=self.trusted_push, collection=self.collection)
             self._pending.append(_Pending(future, n.seq, None, n, self.trusted_push))
         self._wake.set()
@@ -375,6 +391,8 @@ class CollectionSync:
         """
         backoff = Backoff(maximum=10.0)
         applied = 0
+        self._pushed_since_walk = 0
+        self._last_walk = time.monotonic()
         while True:
             try:
                 if not self._watcher_synced:
@@ -393,9 +411,11 @@ class CollectionSync:
                         # (--lenient order, the default here) is applied as if the
                         # Source had written it in order; the reader warned once.
                         unordered = found.changelist in self.watcher.unordered_lists
-                        for entry in sort_chronologically(found.entries):
-                            self._submit(entry, found.changelist, unordered=unordered)
-                            applied += 1
+                        entries = sort_chronologically(found.entries)
+                        settled = await self.applier.settle_many(entries)
+                        for entry, done in zip(entries, settled, strict=True):
+                            self._submit(entry, found.changelist, unordered=unordered, settled=done)
+                            applied += 0 if done else 1
                     self.watcher.commit(result.checkpoint)
                 if wait:
                     await self.drain()
@@ -510,19 +530,36 @@ class CollectionSync:
         """What the engine is after a catch-up: live on push, or polling."""
         return "polling" if self.health.mode == "polling" else "live"
 
-    async def poll(self) -> None:
-        """Degraded mode's walk: quiet unless it finds something."""
-        self.stats.polls += 1
+    def _confirm_due(self, now: float) -> bool:
+        """Time for a quiet walk behind push (see :data:`CONFIRM_AFTER_CHANGES`)."""
+        pushed = self._pushed_since_walk
+        return pushed >= CONFIRM_AFTER_CHANGES or (
+            pushed > 0 and now - self._last_walk >= CONFIRM_AFTER_SECONDS
+        )
+
+    async def poll(self, *, confirm: bool = False) -> None:
+        """A walk that is not a gap: degraded mode's timer, or following push (``confirm``).
+
+        Quiet unless it finds something the mirror lacks.  Following push, it
+        moves the position over what push applied and confirms provisional
+        states, most entries settled without any work
+        (:meth:`Applier.settle_many`).
+        """
+        if confirm:
+            self.stats.confirm_walks += 1
+        else:
+            self.stats.polls += 1
         self.stats.state = "catching-up"
         started = time.monotonic()
         self._doubts.settled(started)
         self._away_from = self._submitted.last_time
         applied = await self._walk_change_lists(wait=False)
         if applied:
+            why = "not applied from push" if confirm else "push unavailable"
             self._event(
                 "poll",
                 f"{applied} change(s) from the Change List Index in "
-                f"{time.monotonic() - started:.2f}s (push unavailable)",
+                f"{time.monotonic() - started:.2f}s ({why})",
                 {},
             )
         self.stats.state = self._settled_state()
@@ -844,6 +881,8 @@ class CollectionSync:
                 await self.catch_up(gap, wait=False)
             elif poll_due:
                 await self.poll()
+            elif self._confirm_due(now):
+                await self.poll(confirm=True)
 
     async def once(self) -> None:
         """Catch up to the Source's current state and stop (``--once``)."""
