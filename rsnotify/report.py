@@ -450,6 +450,8 @@ class SubscriberReporter(_Writer):
             "skipped": stats.skipped,
             "gaps": stats.gaps,
             "catchups": stats.catchups,
+            "mode": stats.mode,  # push, or polling (degraded mode)
+            "mode_reason": stats.mode_reason,
             "last_gap": dict(stats.last_gap),
             "caught_up_at": self.caught_up_at.get(cid),
             "queued": engine.queue.qsize(),

@@ -105,19 +105,25 @@ async def read_apply_log(mirror: Path, state_dir: Path | None = None) -> list[Ap
 
 
 def freeze_and_converge(
-    source: str, mirror: Path, *, finish_timeout: float = 60, converge_timeout: float = 60
+    source: str,
+    mirror: Path,
+    *,
+    finish_timeout: float = 60,
+    converge_timeout: float = 60,
+    finished: bool = True,
 ) -> tuple[dict[str, Any], float]:
     """Wait for the simulator to finish, freeze it, wait for ``mirror`` to equal its state.
 
     Returns the frozen ``/_simulator/state`` and the seconds the mirror took
-    to converge after the freeze.
+    to converge after the freeze.  ``finished=False``: freeze it now.
     """
-    wait_for(
-        lambda: get_json(f"{source}_simulator/stats")["finished"],
-        timeout=finish_timeout,
-        interval=0.2,
-        message="the simulator did not finish its changes",
-    )
+    if finished:
+        wait_for(
+            lambda: get_json(f"{source}_simulator/stats")["finished"],
+            timeout=finish_timeout,
+            interval=0.2,
+            message="the simulator did not finish its changes",
+        )
     post_json(f"{source}_simulator/pause")
     state: dict[str, Any] = get_json(f"{source}_simulator/state")
     started = time.monotonic()

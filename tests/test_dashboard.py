@@ -185,6 +185,18 @@ def test_states_offline_then_catching_up_then_live_with_events() -> None:
     assert state.build(T0 + 10.1)["subscribers"][0]["state"] == "offline"
 
 
+def test_a_subscriber_polling_while_push_is_down_says_so_and_why() -> None:
+    """Degraded mode (issue 18 item 3): the row shows ``polling`` and the channel's last word."""
+    state = _state_with_log(head=100)
+    down = "MQTT broker mqtt://b:1883 is unreachable"
+    state.subscribers = {"s1": _status(T0 + 1, 40, state="polling", mode_reason=down)}
+    (row,) = state.build(T0 + 1.5)["subscribers"]
+    assert (row["state"], row["mode_reason"]) == ("polling", down)
+    state.subscribers = {"s1": _status(T0 + 2, 40, mode_reason="push is back")}
+    (row,) = state.build(T0 + 2.5)["subscribers"]
+    assert (row["state"], row["mode_reason"]) == ("live", None)
+
+
 def test_lag_behind_what_the_log_still_holds_counts_from_its_earliest_entry() -> None:
     state = DashboardState(T0, offline_after=3.0)
     info = state.collection("c")

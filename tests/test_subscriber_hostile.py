@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import os
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -37,6 +38,7 @@ from rsnotify import w3cdt
 from rsnotify.devstack import Mosquitto, async_wait_for, free_port
 from rsnotify.envelope import SIGNATURE_PROPERTY, sign
 from rsnotify.model import Entry
+from rsnotify.subscriber import sync as sync_module
 from rsnotify.subscriber.mirror import path_for
 from rsnotify.subscriber.resources import ApplyRecord
 from rsnotify.subscriber.service import Subscriber, SubscriberConfig, default_state_dir
@@ -542,3 +544,34 @@ async def test_the_start_up_says_whether_push_is_trusted(
     else:
         assert len(warned) == 1
         assert "anonymous" in warned[0].getMessage()
+
+
+async def test_a_quiet_walk_follows_push_and_moves_the_position_without_reapplying(
+    tmp_path: Path, mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Push never moves the position (a forgery could), so a walk follows it.
+
+    Without it a restart re-read everything push applied since the last walk
+    (thousands of entries after a long live run); the walk settles what push
+    already applied without any work and confirms provisional states.
+    """
+    monkeypatch.setattr(sync_module, "CONFIRM_AFTER_CHANGES", 10)
+    async with following(tmp_path, mosquitto) as s:
+        entries = [s.source.change(f"n{i}.txt", f"new {i}\n".encode()) for i in range(12)]
+        for seq, entry in enumerate(entries, start=1):
+            _send_genuine(s, seq, entry, signed=False)
+        await async_wait_for(lambda: not s.differences(), timeout=20, message=s.differences)
+        await async_wait_for(
+            lambda: (
+                s.engine.stats.confirm_walks >= 1
+                and s.engine.applied.last_time is not None
+                and s.engine.applied.last_time >= entries[9].datetime
+            ),  # type: ignore[operator]
+            timeout=20,
+            message=lambda: f"the position did not follow push: {s.engine.applied}",
+        )
+        records = await s.apply_log()
+    applied = Counter(r.loc for r in records if r.outcome == "applied")
+    assert all(applied[e.loc] == 1 for e in entries), "the walk applied again what push did"
+    confirmed = {r.loc for r in records if r.outcome == "confirmed"}
+    assert {e.loc for e in entries[:10]} <= confirmed, "provisional states were confirmed"

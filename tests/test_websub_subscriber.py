@@ -220,7 +220,24 @@ def test_websub_subscriber_converges_under_faults(
         at(900, "restart publisher", publisher.start)
         at(1300, "callback unreachable", relay.down)
         cut_at = hub_head(f"http://127.0.0.1:{hub_port}/", collection_of(subscriber))
+        # Back once the log has moved 2 x RETAIN past the cut (not the Source's
+        # count: a publisher restarted at 900 may still be catching up).
+        wait_for(
+            lambda: (
+                hub_head(f"http://127.0.0.1:{hub_port}/", collection_of(subscriber))
+                >= cut_at + 2 * RETAIN
+            ),
+            timeout=60,
+            interval=0.1,
+            message="the log did not move past the outage",
+        )
         at(1300 + 2 * RETAIN, "callback reachable", relay.up)
+        # The hub's gap_too_old must reach a running subscriber before it is killed again.
+        wait_for(
+            lambda: messages(subscriber, "log no longer holds seq "),
+            timeout=60,
+            message=lambda: f"no gap_too_old reached the subscriber\n{subscriber.tail()}",
+        )
         # Three subscriber kills in all, as in the other transports' convergence test.
         at(2100, "kill -9 subscriber", subscriber.kill)
         at(2250, "restart subscriber", subscriber.start)
@@ -386,6 +403,9 @@ async def test_short_leases_expire_and_renewals_keep_the_cursor(tmp_path: Path) 
         assert kept.cursor == 5, "a renewal keeps the delivery cursor"
         await append(3)
         await async_wait_for(lambda: renewing.seqs == list(range(1, 9)), 10)
+        # The hub moves the cursor once the callback's answer is back, a moment
+        # after the callback saw the POST: wait for that before stopping it.
+        await async_wait_for(lambda: [s.cursor for s in hub.subscriptions()] == [8], 10)
         assert expiring.seqs == [1, 2, 3, 4, 5], "an expired subscription got more"
         # The expired subscription is gone from the store too (a restart keeps only the live one).
         await hub.stop()

@@ -186,8 +186,8 @@ class DashboardState:
             return "catching-up"
         if isinstance(caught_up, int | float) and now - caught_up < self.hold:
             return "catching-up"
-        if reported == "live":
-            return "live"
+        if reported in ("live", "polling"):  # polling: push down, Change Lists on a timer
+            return str(reported)
         return str(reported or "unknown")
 
     def _lag(
@@ -239,6 +239,8 @@ class DashboardState:
                         "collection": cid,
                         "state": state,
                         "transport": cs.get("transport") or "poll",
+                        # Degraded mode (rsnotify.subscriber.pushhealth): why push is not used.
+                        "mode_reason": cs.get("mode_reason") if state == "polling" else None,
                         "cursor": cs.get("cursor"),
                         "head": info.head if info is not None else None,
                         "lag_seq": lag_seq,
@@ -253,7 +255,7 @@ class DashboardState:
                         "pid": pid,
                     }
                 )
-        order = {"offline": 0, "catching-up": 1}
+        order = {"offline": 0, "polling": 1, "catching-up": 1}
         rows.sort(key=lambda r: (order.get(r["state"], 2), r["subscriber"], r["collection"]))
         return rows
 

@@ -458,6 +458,50 @@ class Applier:
                     raise  # this change is cancelled itself
         return await self._apply(view, change, functools.partial(self._newer_queued, view))
 
+    async def settle_many(self, changes: list[Any]) -> list[bool]:
+        """Which of ``changes`` (read from the Source's Change Lists) need no work at all.
+
+        A walk of the Change Lists re-reads what push already applied (push
+        never moves the Destination's position, see rsnotify.subscriber.trust),
+        and a task, a state read and an apply-log row per such entry made every
+        walk, and every restart, cost as much as applying them again.  An entry
+        exactly equal to its resource's state (same change time and type) is
+        done; a provisional state it equals is confirmed here, in one
+        transaction for the batch.  Only for resources with nothing queued in
+        this applier (an earlier change in flight could still move the state),
+        and never for a change dated beyond the clock-skew bound.
+        """
+        if self.metadata_only or not changes:  # the batch recorder is the cheap path there
+            return [False] * len(changes)
+        views = [_read_change(change, max_skew=self.max_skew) for change in changes]
+        locs = [v.loc for v in views if v.loc not in self._queued]
+        states = await self.resources.get_many(locs) if locs else {}
+        now = datetime.now(UTC)
+        settled: list[bool] = []
+        busy: set[str] = set()
+        rows: list[tuple[tuple[Any, ...], int]] = []
+        for view in views:
+            state = states.get(view.loc)
+            if (
+                view.loc in self._queued
+                or view.loc in busy
+                or state is None
+                or not _same_change(state, view)
+                or beyond_skew(view.datetime, now, self.max_skew)
+            ):
+                busy.add(view.loc)  # a later entry of this loc waits behind this one
+                settled.append(False)
+                continue
+            if not state.confirmed:
+                row = self.resources.row(
+                    view.loc, view.change, view.datetime, outcome=Outcome.CONFIRMED, seq=view.seq
+                )
+                rows.append((row, CONFIRM))
+            settled.append(True)
+        if rows:
+            await self.resources.record_rows(rows)
+        return settled
+
     def _submit_record(self, view: _Change, change: Any) -> asyncio.Future[Outcome]:
         """metadata_only: queue for the batch recorder instead of a task per change.
 

@@ -12,6 +12,7 @@ from ..errors import RsNotifyError
 from ..logs import setup as setup_logging
 from ..transport.topics import prefix_argument, protocol_argument
 from . import service
+from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
 from .service import SubscriberConfig
 from .trust import DEFAULT_MAX_SKEW
 
@@ -152,6 +153,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="require notifications signed with this secret (repeat for key rotation)",
     )
     parser.add_argument(
+        "--degraded-poll",
+        type=float,
+        default=DEFAULT_INTERVAL,
+        metavar="SECONDS",
+        help="while push is unavailable, poll the Change Lists this often (conditional, ranged "
+        "GETs; default %(default)g)",
+    )
+    parser.add_argument(
+        "--degraded-after",
+        type=float,
+        default=DEFAULT_GRACE,
+        metavar="SECONDS",
+        help="push down (not connected, refused, unreachable) this long before polling starts; "
+        "a refusal starts it at once (default %(default)g)",
+    )
+    parser.add_argument(
         "--max-clock-skew",
         type=float,
         default=DEFAULT_MAX_SKEW,
@@ -236,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
         safety_poll=args.safety_poll,
         secrets=parse_secrets(args.secret),
         max_skew=args.max_clock_skew,
+        degraded_poll=args.degraded_poll,
+        degraded_after=args.degraded_after,
         lenient=lenient_rules(args),
         ws_token=args.ws_token,
         allow_origins=args.allow_origin,

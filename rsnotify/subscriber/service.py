@@ -42,6 +42,7 @@ from .cursor import CursorStore, StateLock
 from .gaps import GapDetector
 from .mirror import Mirror
 from .ownership import MirrorLock, MirrorRefused, claim
+from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
 from .redis_cursor import RedisCursorStore, destination_id
 from .resources import ResourceStore
 from .sync import CollectionSync
@@ -68,6 +69,8 @@ class SubscriberConfig:
     safety_poll: float = 300.0
     secrets: dict[str, bytes] | None = None  # key id -> secret; None: accept unsigned
     max_skew: float = DEFAULT_MAX_SKEW  # seconds a change may be dated ahead of this clock
+    degraded_after: float = DEFAULT_GRACE  # push down this long: poll the Change Lists
+    degraded_poll: float = DEFAULT_INTERVAL  # ... every this many seconds (see .pushhealth)
     # Rules of the specification relaxed reading the Source (--lenient): by default
     # only entry order, since resync-built Sources write Change Lists out of order.
     lenient: frozenset[sitemap.Lenient] = frozenset({sitemap.Lenient.ORDER})
@@ -262,6 +265,8 @@ class Subscriber:
                 resourcelist_url=cap.capabilities.get(Capability.RESOURCELIST),
                 resourcedump_url=cap.capabilities.get(Capability.RESOURCEDUMP),
                 max_skew=config.max_skew,
+                degraded_after=config.degraded_after,
+                degraded_poll=config.degraded_poll,
             )
             self.engines[cid] = engine
             if config.once:
@@ -271,14 +276,17 @@ class Subscriber:
                 self._channels.append(self._websub_channel(cap, cid, "websub", engine, True))
                 engine.framework_polls = hub is None  # then it is the only push this engine gets
             if hub is None:
+                every = f"polling the Change Lists every {config.degraded_poll:g}s"
                 if cap.websub:
                     log.warning(
                         "%s advertises a WebSub channel (Change Notification section 5): "
-                        "give --callback URL to receive it; polling only",
+                        "give --callback URL to receive it; %s",
                         cap.url,
+                        every,
                     )
                 else:
-                    log.warning("%s advertises no push channel: polling only (give --via)", cap.url)
+                    log.warning("%s advertises no push channel: %s (give --via)", cap.url, every)
+                engine.without_push()
                 continue
             if channel_kind(hub) == "websub":
                 self._channels.append(self._websub_channel(cap, cid, hub, engine))

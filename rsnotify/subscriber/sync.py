@@ -54,6 +54,7 @@ from . import events as ev
 from .applier import Applier, Outcome
 from .cursor import Cursor, CursorStore
 from .gaps import Gap, GapDetector, Verdict
+from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL, PushHealth, Transition
 from .trust import DEFAULT_DOUBT_INTERVAL, DEFAULT_MAX_SKEW, DoubtLimiter, SeqMemory, beyond_skew
 
 log = logging.getLogger("rsnotify.subscribe")
@@ -62,6 +63,10 @@ QUEUE_SIZE = 100_000
 CATCH_UP_PASSES = 3  # reads of the Change Lists per catch-up (see _walk_change_lists)
 SAVE_INTERVAL = 1.0  # seconds between cursor writes while changes keep coming
 CATCH_UP_ATTEMPTS = 5  # reads of the Change Lists before a catch-up gives up
+# Push never moves the position (see .trust): a quiet walk follows it this often,
+# so a restart re-reads at most this much and provisional states get confirmed.
+CONFIRM_AFTER_CHANGES = 1_000
+CONFIRM_AFTER_SECONDS = 30.0
 
 
 @dataclass(slots=True)
@@ -83,6 +88,10 @@ class SyncStats:
     catchups: int = 0
     refused: int = 0  # pushed notifications refused (future-dated) or not confirmed
     rebaselines: int = 0  # new baselines taken because the Change Lists left a hole
+    polls: int = 0  # walks of the Change Lists made because push was down (degraded mode)
+    confirm_walks: int = 0  # quiet walks behind push, moving the position over what it applied
+    mode: str = "push"  # push, or polling while the push channel is down
+    mode_reason: str = ""  # why (the channel's last word)
     doubts: int = 0  # untrusted input that disagreed with the Source (each settled by a walk)
     last_gap: dict[str, Any] = field(default_factory=dict)
     state: str = "starting"  # starting, baseline, catching-up, live
@@ -113,6 +122,8 @@ class CollectionSync:
         tick: float = 0.5,
         max_skew: float = DEFAULT_MAX_SKEW,
         doubt_interval: float = DEFAULT_DOUBT_INTERVAL,
+        degraded_after: float = DEFAULT_GRACE,
+        degraded_poll: float = DEFAULT_INTERVAL,
     ) -> None:
         self.collection = collection
         self.capability_list = capability_list
@@ -130,6 +141,11 @@ class CollectionSync:
         # the publisher; anything else is a hint (see .trust).
         self.trusted_push = keys is not None
         self._seqs = SeqMemory()
+        self._decoded = False  # the last message was readable
+        self._pushed_since_walk = 0  # pushed changes the position has not caught up with
+        self._last_walk = time.monotonic()
+        # Push or poll (see .pushhealth): polls the Change Lists while push is down.
+        self.health = PushHealth(grace=degraded_after, interval=degraded_poll, now=time.monotonic())
         self._doubts = DoubtLimiter(doubt_interval)
         self._watcher_synced = False  # the watcher's position is the cursor's (no reset)
         self._baseline: Callable[[], Any] | None = None  # kept for re-baselines
@@ -211,19 +227,27 @@ class CollectionSync:
 
     # -- the ordered pipeline ------------------------------------------------------------
 
-    def _submit(self, entry: Entry, changelist: str, *, unordered: bool = False) -> None:
+    def _submit(
+        self, entry: Entry, changelist: str, *, unordered: bool = False, settled: bool = False
+    ) -> None:
         """Apply a Change List entry read from the Source, moving the position over it.
 
         ``unordered``: its list was out of forward chronological order, so the
         applier asks the Source where a change time would otherwise decide.
+        ``settled``: the mirror already holds exactly this change (push applied
+        it): only the position moves (:meth:`Applier.settle_many`).
         """
         if not self._submitted.is_new(entry):
             self.stats.skipped += 1
             self._pending.append(_Pending(None, None, None))
         else:
             self._submitted = self._submitted.advance(entry, changelist)
-            future = self.applier.submit(entry, collection=self.collection, unordered=unordered)
-            self._pending.append(_Pending(future, None, self._submitted))
+            if settled:
+                self.stats.skipped += 1
+                self._pending.append(_Pending(None, None, self._submitted))
+            else:
+                future = self.applier.submit(entry, collection=self.collection, unordered=unordered)
+                self._pending.append(_Pending(future, None, self._submitted))
         self._wake.set()
 
     def _submit_pushed(self, n: Notification) -> None:
@@ -233,6 +257,7 @@ class CollectionSync:
             self.stats.skipped += 1
             self._pending.append(_Pending(None, n.seq, None))
         else:
+            self._pushed_since_walk += 1
             future = self.applier.submit(n, confirmed=self.trusted_push, collection=self.collection)
             self._pending.append(_Pending(future, n.seq, None, n, self.trusted_push))
         self._wake.set()
@@ -366,6 +391,8 @@ class CollectionSync:
         """
         backoff = Backoff(maximum=10.0)
         applied = 0
+        self._pushed_since_walk = 0
+        self._last_walk = time.monotonic()
         while True:
             try:
                 if not self._watcher_synced:
@@ -384,9 +411,11 @@ class CollectionSync:
                         # (--lenient order, the default here) is applied as if the
                         # Source had written it in order; the reader warned once.
                         unordered = found.changelist in self.watcher.unordered_lists
-                        for entry in sort_chronologically(found.entries):
-                            self._submit(entry, found.changelist, unordered=unordered)
-                            applied += 1
+                        entries = sort_chronologically(found.entries)
+                        settled = await self.applier.settle_many(entries)
+                        for entry, done in zip(entries, settled, strict=True):
+                            self._submit(entry, found.changelist, unordered=unordered, settled=done)
+                            applied += 0 if done else 1
                     self.watcher.commit(result.checkpoint)
                 if wait:
                     await self.drain()
@@ -477,6 +506,64 @@ class CollectionSync:
         self._event("incomplete", f"{hole}; {why}", {})
         self.incomplete = True
 
+    def without_push(self) -> None:
+        """No push channel for this collection: poll the Change Lists from the start."""
+        self.health = PushHealth(
+            grace=self.health.grace, interval=self.health.interval, channel=False
+        )
+
+    def _report_mode(self, change: Transition | None) -> None:
+        if change is None:
+            return
+        self.stats.mode, self.stats.mode_reason = change.mode, change.reason
+        if change.mode == "polling":
+            log.warning(
+                "%s: push unavailable (%s): polling the Change Lists every %gs",
+                self.collection,
+                change.reason,
+                self.health.interval,
+                extra={"collection": self.collection},
+            )
+        self._event(change.mode, change.reason, {})
+
+    def _settled_state(self) -> str:
+        """What the engine is after a catch-up: live on push, or polling."""
+        return "polling" if self.health.mode == "polling" else "live"
+
+    def _confirm_due(self, now: float) -> bool:
+        """Time for a quiet walk behind push (see :data:`CONFIRM_AFTER_CHANGES`)."""
+        pushed = self._pushed_since_walk
+        return pushed >= CONFIRM_AFTER_CHANGES or (
+            pushed > 0 and now - self._last_walk >= CONFIRM_AFTER_SECONDS
+        )
+
+    async def poll(self, *, confirm: bool = False) -> None:
+        """A walk that is not a gap: degraded mode's timer, or following push (``confirm``).
+
+        Quiet unless it finds something the mirror lacks.  Following push, it
+        moves the position over what push applied and confirms provisional
+        states, most entries settled without any work
+        (:meth:`Applier.settle_many`).
+        """
+        if confirm:
+            self.stats.confirm_walks += 1
+        else:
+            self.stats.polls += 1
+        self.stats.state = "catching-up"
+        started = time.monotonic()
+        self._doubts.settled(started)
+        self._away_from = self._submitted.last_time
+        applied = await self._walk_change_lists(wait=False)
+        if applied:
+            why = "not applied from push" if confirm else "push unavailable"
+            self._event(
+                "poll",
+                f"{applied} change(s) from the Change List Index in "
+                f"{time.monotonic() - started:.2f}s ({why})",
+                {},
+            )
+        self.stats.state = self._settled_state()
+
     async def catch_up(self, gap: Gap, *, wait: bool = True) -> None:
         """Resolve a gap: replay from the log if the channel can, else walk the Change Lists.
 
@@ -506,7 +593,7 @@ class CollectionSync:
             self._buffer.clear()
             self.detector.caught_up(self.applied_seq, now=time.monotonic())
             self._generation = await self.replay(self.applied_seq)
-            self.stats.state = "live"
+            self.stats.state = self._settled_state()
             self._event("replay", f"from seq {self.applied_seq + 1}", {})
             return
         self._away_from = self._submitted.last_time  # for framework.rebaseline_cue
@@ -529,7 +616,7 @@ class CollectionSync:
             "duration_s": round(duration, 3),
             "at": time.time(),
         }
-        self.stats.state = "live"
+        self.stats.state = self._settled_state()
         self._event(
             "catch-up",
             f"{applied} change(s) from the Change List Index in {duration:.2f}s",
@@ -560,6 +647,7 @@ class CollectionSync:
             return None
         try:
             batch = self._decode_batch(message)
+            self._decoded = True  # a readable notification: the channel is alive
         except InvalidNotification as exc:
             if self.trusted_push:
                 return self.detector.on_invalid(str(exc))
@@ -671,12 +759,20 @@ class CollectionSync:
 
     def _on_event(self, event: ev.Event, now: float) -> Gap | None:
         if isinstance(event, ev.Message):
-            return self._on_message(event)
+            self._decoded = False
+            gap = self._on_message(event)
+            return (self._alive(now) if self._decoded else None) or gap
         if isinstance(event, ev.Head):
-            return self.detector.on_head(event.head, now=now)
+            gap = self.detector.on_head(event.head, now=now)
+            return self._alive(now) or gap
         if isinstance(event, ev.Connected):
             self._event("connected", f"session present: {event.session_present}", {})
+            self.health.on_connected(now)
             return self.detector.on_connect(session_present=event.session_present, now=now)
+        if isinstance(event, ev.Unavailable):
+            # Refused (protocol, credentials, topic) will not fix itself by waiting.
+            self.health.on_down(event.reason, now, at_once=event.state == "refused")
+            return None
         if isinstance(event, ev.Skipped):
             return self.detector.on_skipped(event.first, event.resume)
         if isinstance(event, ev.TooOld):
@@ -691,9 +787,18 @@ class CollectionSync:
             return Gap("event queue overflow")
         if isinstance(event, ev.Disconnected):
             self._event("disconnected", event.reason, {})
+            self.health.on_down(event.reason, now)
         if isinstance(event, ev.Framework):
             return self._on_framework(event)
         return None
+
+    def _alive(self, now: float) -> Gap | None:
+        """The channel showed a sign of life; back from polling, catch up once."""
+        change = self.health.on_alive(now)
+        if change is None:
+            return None
+        self._report_mode(change)
+        return Gap("push is back", walk=True)
 
     def _on_framework(self, event: ev.Framework) -> Gap | None:
         """A Framework Notification: recorded; a cue to re-baseline or to read the Change Lists.
@@ -760,15 +865,24 @@ class CollectionSync:
                         event = await self.queue.get()
             now = time.monotonic()
             gap = self._on_event(event, now) if event is not None else None
-            gap = gap or self.detector.tick(now)
+            silent = self.detector.tick(now)
+            if silent is not None and silent.reason.startswith("no heartbeat"):
+                self.health.on_silent(silent.reason, now)
+            gap = gap or silent
             if gap is None:
                 doubt = self._doubts.due(now)
                 if doubt is not None:
                     gap = Gap(doubt, walk=True)
+            change, poll_due = self.health.tick(now)
+            self._report_mode(change)
             if self.failure is not None:
                 raise self.failure
             if gap is not None:
                 await self.catch_up(gap, wait=False)
+            elif poll_due:
+                await self.poll()
+            elif self._confirm_due(now):
+                await self.poll(confirm=True)
 
     async def once(self) -> None:
         """Catch up to the Source's current state and stop (``--once``)."""

@@ -62,6 +62,13 @@ class SubscriberMetrics:
             labels,
             registry=r,
         )
+        self.mode = Gauge(
+            "rsnotify_subscriber_polling",
+            "1 while push is unavailable and the Change Lists are polled on a timer "
+            "(degraded mode), 0 on push",
+            labels,
+            registry=r,
+        )
         self.transport = Info(
             "rsnotify_subscriber_transport", "Push channel in use", ["collection"], registry=r
         )
@@ -109,6 +116,8 @@ class SubscriberMetrics:
             self.state_info.labels(collection, self.subscriber).set(0)
         elif kind in ("catch-up", "replay"):
             self.state_info.labels(collection, self.subscriber).set(1)
+        elif kind in ("polling", "push"):  # degraded mode entered or left (sync._report_mode)
+            self.mode.labels(collection, self.subscriber).set(1 if kind == "polling" else 0)
 
     def state(self, collection: str, state: str) -> None:
         self.state_info.labels(collection, self.subscriber).set(1 if state == "live" else 0)

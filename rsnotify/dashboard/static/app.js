@@ -12,7 +12,12 @@
   var STAGE_NAMES = { e2e: "End-to-end", detect: "Detect", publish: "Publish", deliver: "Deliver", apply: "Apply" };
   var WINDOWS = ["1m", "5m", "60m"];
   var QS = ["p50", "p90", "p99"];
-  var STATE_TEXT = { "live": "● live", "catching-up": "◐ catching up", "offline": "○ offline" };
+  var STATE_TEXT = {
+    "live": "● live",
+    "polling": "◑ polling",
+    "catching-up": "◐ catching up",
+    "offline": "○ offline"
+  };
 
   var $ = function (id) { return document.getElementById(id); };
   var snap = null;
@@ -300,6 +305,8 @@
       setCell(td[1], shortId(r.collection), r.collection);
       attr(td[1], "title", r.collection);
       badge(td[2], "s-" + r.state, STATE_TEXT[r.state] || r.state, r.state);
+      // Degraded mode: the reason push is not used, on hover and for screen readers.
+      attr(td[2], "title", r.mode_reason ? "push unavailable: " + r.mode_reason : "");
       setCell(td[3], r.transport, r.transport);
       setCell(td[4], fmtInt(r.cursor), r.cursor);
       attr(td[4], "data-head", r.head);
