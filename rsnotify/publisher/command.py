@@ -208,13 +208,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     push.add_argument(
         "--websub-lease",
-        type=int,
+        type=argtypes.positive_int,
         metavar="SECONDS",
         help="lease granted when a subscriber asks for none (default 10 days)",
     )
     push.add_argument(
         "--websub-retry-max",
-        type=float,
+        type=argtypes.positive_number,
         default=30.0,
         metavar="SECONDS",
         help="longest wait between retries to a failing callback (default 30)",

@@ -177,7 +177,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     changes.add_argument(
         "--tick",
-        type=float,
+        type=argtypes.positive_number,
         default=0.01,
         help="seconds between generator batches (default: %(default)s)",
     )

@@ -98,7 +98,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--websub-lease",
-        type=int,
+        type=argtypes.positive_int,
         metavar="SECONDS",
         help="WebSub: hub.lease_seconds to ask for (renewed at 2/3; default: the hub's)",
     )
@@ -154,7 +154,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--degraded-poll",
-        type=float,
+        type=argtypes.positive_number,
         default=DEFAULT_INTERVAL,
         metavar="SECONDS",
         help="while push is unavailable, poll the Change Lists this often (conditional, ranged "
@@ -162,7 +162,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--degraded-after",
-        type=float,
+        type=argtypes.nonneg_number,
         default=DEFAULT_GRACE,
         metavar="SECONDS",
         help="push down (not connected, refused, unreachable) this long before polling starts; "
@@ -170,7 +170,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-clock-skew",
-        type=float,
+        type=argtypes.nonneg_number,
         default=DEFAULT_MAX_SKEW,
         metavar="SECONDS",
         help="refuse pushed changes dated more than this ahead of this host's clock, and never "
