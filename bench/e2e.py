@@ -1065,7 +1065,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the rates (of --rates) that also get the degraded phase, or 'all' "
         "(default %(default)s; --quick: its one rate)",
     )
-    ap.add_argument("--duration", type=float, default=15.0, help="measured seconds per phase")
+    ap.add_argument(
+        "--duration",
+        type=float,
+        default=15.0,
+        help="measured seconds per phase (degraded: rounded up to whole poll intervals)",
+    )
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds before each window")
     ap.add_argument("--resources", type=int, default=5000, help="resources in the latency runs")
     ap.add_argument("--catchup-changes", type=int, default=50_000)
@@ -1086,6 +1091,8 @@ def main(argv: list[str] | None = None) -> int:
         if opts.degraded_rates.strip() == "all"
         else {float(r) for r in opts.degraded_rates.split(",") if r.strip()}
     )
+    if not opts.skip_latency and not opts.degraded_rates & set(rates):
+        print("note: no degraded phase: no rate of --degraded-rates is in --rates", flush=True)
     started = time.perf_counter()
     machine = machine_info()
     load = machine["loadavg_1_5_15"]
