@@ -1,14 +1,25 @@
 """End to end: change-to-applied latency against a polling anchor, and catch-up time.
 
 **Latency.**  One Source per rate (50, 200 and 1,000 changes/s), measured in
-two phases on that same Source, one after the other so neither competes with
-the other for the machine's two cores:
+three phases on that same Source, one after the other so none competes with
+another for the machine's two cores:
 
 1. *push*: a private Redis and Mosquitto, ``rsnotify publish DIR --watch``
    on the directory the simulator writes (file-system notifications, no
    polling), and one ``rsnotify subscribe`` over **MQTT** fetching every
    change (~1 KB resources) from the simulator over HTTP;
-2. *polling anchor*: ``resync-sync --incremental`` (resync 2.0.1, the
+2. *degraded* (issue 18): the same ``rsnotify subscribe`` (fresh mirror and
+   state) with push unreachable from the start (``--via`` a closed loopback
+   port, nothing listening), so after ``--degraded-after`` it polls the
+   Change Lists every ``--degraded-poll`` seconds (both at their defaults,
+   5 and 10 s).  The Source resumes only once it reports that it polls and
+   its one-off catch-up for the missing heartbeat is behind it (see
+   :func:`_degraded_steady`); the window is the push window rounded up to
+   whole poll intervals (15 s -> 20 s): a change waits for the next poll,
+   and a window of 1.5 intervals would count part of the poll cycle twice.
+   Run at 50 changes/s (the issue's figure) unless ``--degraded-rates``
+   names others (``--quick``: its one rate);
+3. *polling anchor*: ``resync-sync --incremental`` (resync 2.0.1, the
    reference client) in a loop with a 1 s pause.  resync cannot read a Change
    List Index, so before each pass the loop reads the index (a few hundred
    bytes) and runs resync once per Change List that may hold new entries (the
@@ -18,14 +29,14 @@ the other for the machine's two cores:
 
 *Change-to-applied latency* of a change is the time its effect reached the
 mirror minus its ``datetime`` in the Change List (same machine, same clock).
-For the push subscriber "reached" is the ``applied_at`` of the first apply-log
-row (``<state>/resources.sqlite3``) of that ``loc`` at or after the change's
-datetime: stamped after the file is written and fsynced, so a change
-superseded by a newer one of the same resource counts as applied when the
-newer one is.  For the anchor it is the file's ``ctime`` when the pass wrote it
-(resync sets ``mtime`` to the change time, but ``utime`` bumps ``ctime``), or
-the end of the pass for deletes and changes folded into another.  A
-cross-check from the subscriber's own ``/metrics`` e2e histogram (bucketed,
+For the subscriber (push and degraded alike) "reached" is the ``applied_at``
+of the first apply-log row (``<state>/resources.sqlite3``) of that ``loc`` at
+or after the change's datetime: stamped after the file is written and
+fsynced, so a change superseded by a newer one of the same resource counts as
+applied when the newer one is.  For the anchor it is the file's ``ctime``
+when the pass wrote it (resync sets ``mtime`` to the change time, but
+``utime`` bumps ``ctime``), or the end of the pass for deletes and changes
+folded into another.  A cross-check from the subscriber's own ``/metrics`` e2e histogram (bucketed,
 stamped after the cursor passes the change) is in the JSON.
 
 The simulator runs in a child process of this bench with a **5 ms flush
@@ -36,9 +47,10 @@ changes (5,000 entries stall its event loop ~45 ms, once a second by
 default).  What remains of the Source's delay is part of the *detect* stage
 reported beside the latency (change datetime -> publisher detected it, from
 the envelopes in the Redis log); *deliver+apply* is detected -> applied.  The
-Source starts paused and is resumed once the subscriber is live, so the
-window measures the steady state.  Only changes inside a measured window
-(after a warm-up) count; the Source's own Change Lists are the ground truth.
+Source is paused while each subscriber takes its baseline and resumed once it
+is live (degraded: once it polls), so the window measures the steady state.
+Only changes inside a measured window (after a warm-up) count; the Source's
+own Change Lists are the ground truth.
 
 **Catch-up.**  A paused simulator (``--changelist-size 1000``); ``subscribe
 --once`` takes the baseline; ``POST /_simulator/advance?n=50000`` makes 50,000
@@ -61,6 +73,7 @@ import asyncio
 import bisect
 import configparser
 import contextlib
+import functools
 import json
 import math
 import os
@@ -76,7 +89,7 @@ import tempfile
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -88,7 +101,8 @@ import psutil
 from bench._common import REPO_ROOT, format_table, machine_info, source_digest, write_json
 from rsnotify import sitemap, w3cdt
 from rsnotify.collection import collection_id
-from rsnotify.devstack import ManagedProcess, Mosquitto, Redis, wait_for
+from rsnotify.devstack import HOST, ManagedProcess, Mosquitto, Redis, free_port, wait_for
+from rsnotify.subscriber.pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
 
 NAME = "e2e"
 RESYNC_SYNC = str(Path(sys.executable).with_name("resync-sync"))
@@ -96,6 +110,11 @@ COLLECTION = "c1"  # the simulator's first (and here only) collection
 FLUSH_INTERVAL = 0.005  # the simulator's --dir flush interval in the latency runs (s)
 RESOURCELIST_MAX_AGE = 3600.0  # the simulator's Resource List refresh while changing (s)
 ANCHOR_PAUSE = 1.0  # seconds between two passes of the polling anchor
+# The degraded phase runs the subscriber with its defaults (--degraded-poll, --degraded-after):
+DEGRADED_POLL = DEFAULT_INTERVAL  # seconds between two polls of the Change Lists
+DEGRADED_AFTER = DEFAULT_GRACE  # seconds of push down before polling starts
+DEGRADED_RATES = "50"  # the issue's figure; --degraded-rates for others
+HEARTBEAT_TIMEOUT = 30.0  # the subscriber's --heartbeat-timeout default (s)
 PAYLOAD_BYTES = 1024
 
 TARGETS = {
@@ -463,6 +482,13 @@ class LatencyRun:
     metrics_stage_p50_ms: dict[str, float | None]
     cpu_pct: dict[str, float]
     cpu_ms_per_change: dict[str, float | None]
+    degraded_window_s: float | None  # None: no degraded phase at this rate (--degraded-rates)
+    degraded_changes: int | None
+    degraded_ms: dict[str, Any] | None
+    degraded_missing: int | None
+    degraded_outcomes: dict[str, int]
+    degraded_cpu_pct: dict[str, float]
+    degraded_polling: float | None  # rsnotify_subscriber_polling at the end: 1 = degraded mode
     anchor_changes: int
     anchor_ms: dict[str, Any]
     anchor_missing: int
@@ -522,6 +548,153 @@ def _metric_stages(text: str) -> dict[str, float | None]:
     return out
 
 
+@dataclass(slots=True)
+class PhaseWindow:
+    """What one subscriber phase measured over its window (see :func:`_subscriber_phase`)."""
+
+    start: float
+    end: float
+    changes: list[Change]  # the Source's changes in the window: the ground truth
+    reached: list[tuple[Change, int]]  # the ones that reached the mirror, and when (us)
+    outcomes: dict[str, int]  # how the apply log classed the window's changes
+    cpu_pct: dict[str, float]  # per process over the window (100 = one core)
+    metrics_text: str  # the subscriber's /metrics at the end
+
+    @property
+    def latency_ms(self) -> dict[str, Any]:
+        return percentiles(_ms(when - change.datetime_us for change, when in self.reached))
+
+    @property
+    def missing(self) -> int:
+        return len(self.changes) - len(self.reached)
+
+
+def _subscriber_phase(
+    space: Workspace,
+    name: str,
+    base: str,
+    cid: str,
+    opts: argparse.Namespace,
+    *,
+    via: str,
+    window: float,
+    steady: Callable[[ManagedProcess, str], None] | None = None,
+    processes: dict[str, int],
+) -> PhaseWindow:
+    """One ``rsnotify subscribe --via VIA`` (fresh mirror and state) measured over ``window`` s.
+
+    The Source is paused while the subscriber takes its baseline and resumed
+    once it is live and ``steady(subscriber, metrics_url)``, if given, has
+    returned (it waits for the mode being measured): a subscriber started
+    against a Source that already changes fast catches up first (see the
+    README), and this bench measures the steady state, not start-up.
+    ``processes`` (name -> pid) are the other processes whose CPU the window
+    counts.
+    """
+    root = space.root
+    _http(f"{base}_simulator/pause", "POST")
+    state = root / f"{name}-state"
+    subscriber = space.rsnotify(
+        name,
+        "subscribe", base,
+        "--into", str(root / f"{name}-mirror"),
+        "--state", str(state),
+        "--via", via,
+        "--name", "bench",
+        "--metrics-port", "0",
+        "--log-format", "text",
+        "--log-level", "warning",
+    )  # fmt: skip
+    metrics_url = subscriber.wait_for_line(r"metrics (http://\S+/metrics)", timeout=60).group(1)
+    subscriber.wait_for_line(rf"{re.escape(cid)}: live", timeout=120)
+    if steady is not None:
+        steady(subscriber, metrics_url)
+    _http(f"{base}_simulator/resume", "POST")
+    time.sleep(opts.warmup)  # settle into the steady state before the window opens
+    pids = {**processes, "subscriber": subscriber.pid}
+    cpu_before = {process: _cpu_seconds(pid) for process, pid in pids.items()}
+    start = time.time()
+    time.sleep(window)  # the measured window
+    end = time.time()
+    cpu = {
+        process: 100 * (_cpu_seconds(pid) - cpu_before[process]) / (end - start)
+        for process, pid in pids.items()
+    }
+    changes = read_changes(base, round(start * 1e6), round(end * 1e6))
+    db = state / "resources.sqlite3"
+    pending = list(changes)
+
+    def all_applied() -> bool:
+        nonlocal pending
+        applied = apply_times(db)
+        pending = [c for c in pending if reached(applied, c) is None]
+        return not pending
+
+    with contextlib.suppress(AssertionError):
+        wait_for(all_applied, timeout=60, interval=0.2)
+    applied = apply_times(db)
+    arrivals = []
+    for change in changes:
+        when = reached(applied, change)
+        if when is not None:
+            arrivals.append((change, when))
+    metrics_text = _http(metrics_url).decode()
+    subscriber.terminate()
+    return PhaseWindow(
+        start=start,
+        end=end,
+        changes=changes,
+        reached=arrivals,
+        outcomes=outcomes(db, round(start * 1e6), round(end * 1e6)),
+        cpu_pct=cpu,
+        metrics_text=metrics_text,
+    )
+
+
+def _degraded_steady(cid: str, subscriber: ManagedProcess, metrics_url: str) -> None:
+    """Wait until the subscriber polls on its timer and nothing else is due.
+
+    That is after it reports degraded mode and after its one-off catch-up when
+    no heartbeat came within ``--heartbeat-timeout`` of its start (30 s): a
+    second walk of the Change Lists (``gap`` event) that, were it inside the
+    window, would shorten the wait of the changes before it.  The Source is
+    still paused, so both find nothing.
+    """
+    subscriber.wait_for_line(
+        rf"{re.escape(cid)}: push unavailable .*: polling the Change Lists", timeout=120
+    )
+
+    def walked_twice() -> bool:  # the start-up catch-up, then the heartbeat one
+        text = _http(metrics_url).decode()
+        return _metric_sum(text, "rsnotify_subscriber_events", kind="gap") >= 2
+
+    wait_for(walked_twice, timeout=HEARTBEAT_TIMEOUT + 60, interval=0.5)
+
+
+def degraded_window(duration: float) -> float:
+    """The degraded phase's window: ``duration`` rounded up to whole poll intervals.
+
+    A change waits for the next poll, so its latency depends on where in the
+    poll cycle it falls; a window of 1.5 intervals would count one part of
+    the cycle twice and move the p50 by up to a quarter of the interval.
+    """
+    return math.ceil(duration / DEGRADED_POLL - 1e-9) * DEGRADED_POLL
+
+
+def _metric_sum(text: str, metric: str, **labels: str) -> float:
+    """The sum of one metric's samples (counter totals, gauges), labels matched."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == metric
+        for sample in family.samples
+        if not sample.name.endswith("_created")
+        and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
 def latency_run(rate: float, run: int, opts: argparse.Namespace, root: Path) -> LatencyRun:
     space = Workspace(root, opts.keep)
     try:
@@ -551,10 +724,10 @@ def _latency_run(space: Workspace, rate: float, run: int, opts: argparse.Namespa
         # Rebuilding the Resource List of 5,000 entries takes the simulator's
         # event loop ~45 ms, once a second by default while it changes: a stall
         # of the Source's own writing that would land in every p99.  Nobody
-        # reads the Resource List during the window (the subscriber took its
-        # baseline while the Source was paused, when the list is always fresh).
+        # reads the Resource List during the window (each subscriber takes its
+        # baseline while the Source is paused, when the list is always fresh).
         resourcelist_max_age=RESOURCELIST_MAX_AGE,
-        paused=True,  # resumed once the subscriber is live: see below
+        paused=True,  # resumed once the subscriber is live: see _subscriber_phase
     )
     cid = collection_id(f"{base}{COLLECTION}/capabilitylist.xml")
 
@@ -570,70 +743,39 @@ def _latency_run(space: Workspace, rate: float, run: int, opts: argparse.Namespa
         "--log-level", "warning",
     )  # fmt: skip
     publisher.wait_for_line(r"rsnotify publish: running", timeout=60)
-    state = root / "subscriber-state"
-    subscriber = space.rsnotify(
-        "subscribe",
-        "subscribe", base,
-        "--into", str(root / "mirror"),
-        "--state", str(state),
-        "--via", broker.url,
-        "--name", "bench",
-        "--metrics-port", "0",
-        "--log-format", "text",
-        "--log-level", "warning",
+    push = _subscriber_phase(
+        space, "subscribe", base, cid, opts,
+        via=broker.url,
+        window=opts.duration,
+        processes={
+            "simulator": simulator.pid,
+            "publisher": publisher.pid,
+            "mosquitto": broker.process.pid if broker.process else 0,
+            "redis": redis.process.pid if redis.process else 0,
+        },
     )  # fmt: skip
-    metrics_url = subscriber.wait_for_line(r"metrics (http://\S+/metrics)", timeout=60).group(1)
-    subscriber.wait_for_line(rf"{re.escape(cid)}: live", timeout=120)
-    # The Source starts changing only now.  Started against a Source already
-    # changing this fast, the subscriber's start-up catch-up does not finish
-    # (see the README): this bench measures the steady state, not start-up.
-    _http(f"{base}_simulator/resume", "POST")
-    time.sleep(opts.warmup)  # settle into the steady state before the window opens
-    pids = {
-        "simulator": simulator.pid,
-        "publisher": publisher.pid,
-        "subscriber": subscriber.pid,
-        "mosquitto": broker.process.pid if broker.process else 0,
-        "redis": redis.process.pid if redis.process else 0,
-    }
-    cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
-    start = time.time()
-    time.sleep(opts.duration)  # the measured window
-    end = time.time()
-    cpu = {
-        name: 100 * (_cpu_seconds(pid) - cpu_before[name]) / (end - start)
-        for name, pid in pids.items()
-    }
-    changes = read_changes(base, round(start * 1e6), round(end * 1e6))
-    db = state / "resources.sqlite3"
-    pending = list(changes)
-
-    def all_applied() -> bool:
-        nonlocal pending
-        applied = apply_times(db)
-        pending = [c for c in pending if reached(applied, c) is None]
-        return not pending
-
-    with contextlib.suppress(AssertionError):
-        wait_for(all_applied, timeout=60, interval=0.2)
-    applied = apply_times(db)
-    push_us, detect_us, rest_us = [], [], []
+    detect_us, rest_us = [], []
     detected = detection_times(redis.url, cid)
-    for change in changes:
-        when = reached(applied, change)
-        if when is None:
-            continue
-        push_us.append(when - change.datetime_us)
+    for change, when in push.reached:
         found = detected.get((change.loc, change.datetime_us))
         if found is not None:
             detect_us.append(found - change.datetime_us)
             rest_us.append(when - found)
-    metrics_text = _http(metrics_url).decode()
-    e2e_buckets = _histogram(metrics_text, "rsnotify_e2e_latency_seconds")
-    subscriber.terminate()
+    e2e_buckets = _histogram(push.metrics_text, "rsnotify_e2e_latency_seconds")
     publisher.terminate()
 
-    # -- phase 2: the polling anchor, same Source ----------------------------------------
+    # -- phase 2: degraded mode, same Source, push unreachable from the start -------------
+    degraded: PhaseWindow | None = None
+    if rate in opts.degraded_rates:
+        degraded = _subscriber_phase(
+            space, "subscribe-degraded", base, cid, opts,
+            via=f"mqtt://{HOST}:{free_port()}",  # nothing listens there
+            window=degraded_window(opts.duration),
+            steady=functools.partial(_degraded_steady, cid),
+            processes={"simulator": simulator.pid},
+        )  # fmt: skip
+
+    # -- phase 3: the polling anchor, same Source ----------------------------------------
     anchor = PollingAnchor(base, root / "anchor")
     a_started = time.time()
     a_start = a_started + opts.warmup
@@ -647,32 +789,44 @@ def _latency_run(space: Workspace, rate: float, run: int, opts: argparse.Namespa
             anchor_us.append(when - change.datetime_us)
     simulator.terminate()
 
-    push = percentiles(_ms(push_us))
+    push_ms = push.latency_ms
     polled = percentiles(_ms(anchor_us))
     ratio = (
-        polled["p50"] / push["p50"]  # type: ignore[operator]
-        if push["p50"] and polled["p50"] is not None
+        polled["p50"] / push_ms["p50"]  # type: ignore[operator]
+        if push_ms["p50"] and polled["p50"] is not None
         else None
     )
+    window = push.end - push.start
     return LatencyRun(
         rate_target=rate,
         run=run,
-        window_s=end - start,
-        changes=len(changes),
-        rate_achieved=len(changes) / (end - start),
-        push_ms=push,
-        push_missing=len(changes) - len(push_us),
-        push_outcomes=outcomes(db, round(start * 1e6), round(end * 1e6)),
+        window_s=window,
+        changes=len(push.changes),
+        rate_achieved=len(push.changes) / window,
+        push_ms=push_ms,
+        push_missing=push.missing,
+        push_outcomes=push.outcomes,
         detect_ms=percentiles(_ms(detect_us)),
         deliver_apply_ms=percentiles(_ms(rest_us)),
         metrics_share_le_50ms=_share_at_most(e2e_buckets, 0.05),
-        metrics_stage_p50_ms=_metric_stages(metrics_text),
-        cpu_pct=cpu,
+        metrics_stage_p50_ms=_metric_stages(push.metrics_text),
+        cpu_pct=push.cpu_pct,
         # CPU per change is what the pipeline costs, whatever else the machine runs.
         cpu_ms_per_change={
-            name: pct * 10 * (end - start) / len(changes) if changes else None
-            for name, pct in cpu.items()
+            name: pct * 10 * window / len(push.changes) if push.changes else None
+            for name, pct in push.cpu_pct.items()
         },
+        degraded_window_s=None if degraded is None else degraded.end - degraded.start,
+        degraded_changes=None if degraded is None else len(degraded.changes),
+        degraded_ms=None if degraded is None else degraded.latency_ms,
+        degraded_missing=None if degraded is None else degraded.missing,
+        degraded_outcomes={} if degraded is None else degraded.outcomes,
+        degraded_cpu_pct={} if degraded is None else degraded.cpu_pct,
+        degraded_polling=(
+            None
+            if degraded is None
+            else _metric_sum(degraded.metrics_text, "rsnotify_subscriber_polling")
+        ),
         anchor_changes=len(a_changes),
         anchor_ms=polled,
         anchor_missing=len(a_changes) - len(anchor_us),
@@ -845,13 +999,16 @@ def print_tables(latency: list[LatencyRun], catchup: list[CatchupRun]) -> None:
     if latency:
         headers = [
             "rate/s", "run", "got/s", "changes", "push p50", "p90", "p99", "max", "miss",
-            "detect p50", "deliv+apply p50", "poll p50", "p90", "p99", "miss", "x p50",
+            "detect p50", "deliv+apply p50", "degr p50", "p90", "p99", "miss",
+            "poll p50", "p90", "p99", "miss", "x p50",
         ]  # fmt: skip
         rows = [
             [
                 r.rate_target, r.run, r.rate_achieved, r.changes,
                 r.push_ms["p50"], r.push_ms["p90"], r.push_ms["p99"], r.push_ms["max"],
                 r.push_missing, r.detect_ms["p50"], r.deliver_apply_ms["p50"],
+                *[(r.degraded_ms or {}).get(q) for q in ("p50", "p90", "p99")],
+                r.degraded_missing,
                 r.anchor_ms["p50"], r.anchor_ms["p90"], r.anchor_ms["p99"], r.anchor_missing,
                 r.ratio_p50,
             ]
@@ -859,14 +1016,16 @@ def print_tables(latency: list[LatencyRun], catchup: list[CatchupRun]) -> None:
         ]  # fmt: skip
         print(
             "\nchange-to-applied latency, ms.  push: publish --watch, MQTT, subscriber fetching "
-            f"1 KB; poll: resync-sync --incremental, {ANCHOR_PAUSE:g} s pause; the simulator "
-            f"writes its --dir copy every {FLUSH_INTERVAL * 1000:g} ms (inside 'detect')"
+            f"1 KB; degr: the same subscriber, push unreachable, polling every {DEGRADED_POLL:g} s "
+            f"(--degraded-poll default); poll: resync-sync --incremental, {ANCHOR_PAUSE:g} s "
+            f"pause; the simulator writes its --dir copy every {FLUSH_INTERVAL * 1000:g} ms "
+            "(inside 'detect')"
         )
         print(format_table(headers, rows))
         headers = [
             "rate/s", "run", "sim CPU%", "pub CPU%", "sub CPU%", "mqtt CPU%", "redis CPU%",
             "pub ms/chg", "sub ms/chg", "superseded", "<=50ms (/metrics)", "poll passes",
-            "pass s p50", "load",
+            "pass s p50", "degr window s", "degr sub CPU%", "degr polling", "load",
         ]  # fmt: skip
         rows = [
             [
@@ -874,7 +1033,8 @@ def print_tables(latency: list[LatencyRun], catchup: list[CatchupRun]) -> None:
                 r.cpu_pct["subscriber"], r.cpu_pct["mosquitto"], r.cpu_pct["redis"],
                 r.cpu_ms_per_change["publisher"], r.cpu_ms_per_change["subscriber"],
                 r.push_outcomes.get("superseded", 0), r.metrics_share_le_50ms,
-                r.anchor_passes, r.anchor_pass_s["p50"], r.loadavg_before[0],
+                r.anchor_passes, r.anchor_pass_s["p50"], r.degraded_window_s,
+                r.degraded_cpu_pct.get("subscriber"), r.degraded_polling, r.loadavg_before[0],
             ]
             for r in latency
         ]  # fmt: skip
@@ -899,7 +1059,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one rate, short windows, 5,000 changes")
     ap.add_argument("--repeat", type=int, default=1, help="runs of every scenario (round-robin)")
     ap.add_argument("--rates", default="50,200,1000", help="comma-separated changes/s")
-    ap.add_argument("--duration", type=float, default=15.0, help="measured seconds per phase")
+    ap.add_argument(
+        "--degraded-rates",
+        default=DEGRADED_RATES,
+        help="the rates (of --rates) that also get the degraded phase, or 'all' "
+        "(default %(default)s; --quick: its one rate)",
+    )
+    ap.add_argument(
+        "--duration",
+        type=float,
+        default=15.0,
+        help="measured seconds per phase (degraded: rounded up to whole poll intervals)",
+    )
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds before each window")
     ap.add_argument("--resources", type=int, default=5000, help="resources in the latency runs")
     ap.add_argument("--catchup-changes", type=int, default=50_000)
@@ -914,6 +1085,14 @@ def main(argv: list[str] | None = None) -> int:
     if opts.quick:
         rates, opts.duration, opts.warmup = [200.0], 5.0, 2.0
         opts.catchup_changes = 5_000
+        opts.degraded_rates = "all"
+    opts.degraded_rates = (
+        set(rates)
+        if opts.degraded_rates.strip() == "all"
+        else {float(r) for r in opts.degraded_rates.split(",") if r.strip()}
+    )
+    if not opts.skip_latency and not opts.degraded_rates & set(rates):
+        print("note: no degraded phase: no rate of --degraded-rates is in --rates", flush=True)
     started = time.perf_counter()
     machine = machine_info()
     load = machine["loadavg_1_5_15"]
@@ -930,8 +1109,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"latency: {rate:g} changes/s, run {run}/{opts.repeat} ...", flush=True)
                     result = latency_run(rate, run, opts, workdir / f"latency-{rate:g}-{run}")
                     latency.append(result)
+                    degraded = result.degraded_ms or {}
                     print(
                         f"  push p50 {result.push_ms['p50']} ms p99 {result.push_ms['p99']} ms; "
+                        f"degraded p50 {degraded.get('p50')} ms p99 {degraded.get('p99')} ms; "
                         f"poll p50 {result.anchor_ms['p50']} ms",
                         flush=True,
                     )
@@ -964,7 +1145,13 @@ def main(argv: list[str] | None = None) -> int:
                 "publisher": "publish DIR --watch (file-system notifications)",
                 "simulator_flush_interval_s": FLUSH_INTERVAL,
                 "anchor": "resync-sync --incremental per Change List, 1 s pause between passes",
-                "phases": "push then anchor, one after the other on the same Source",
+                "degraded": "subscribe --via mqtt://<closed port>, default --degraded-poll "
+                "and --degraded-after",
+                "degraded_poll_s": DEGRADED_POLL,
+                "degraded_after_s": DEGRADED_AFTER,
+                "degraded_rates": sorted(opts.degraded_rates),
+                "degraded_window_s": degraded_window(opts.duration),
+                "phases": "push, degraded, then anchor, one after the other on the same Source",
                 "duration_s": opts.duration,
                 "warmup_s": opts.warmup,
                 "resources": opts.resources,
@@ -984,6 +1171,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rsnotify/subscriber/resources.py",
                 "rsnotify/subscriber/mirror.py",
                 "rsnotify/subscriber/channels.py",
+                "rsnotify/subscriber/pushhealth.py",
                 "rsnotify/simulator/server.py",
             ),
         },
