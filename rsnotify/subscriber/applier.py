@@ -483,6 +483,17 @@ class Applier:
             return settled
         recheck = None if self.metadata_only else to_recheck(state, view, self.max_skew)
         record = Record(view.datetime)
+        if recheck == "provisional" and state is not None:
+            # The Source bears this older change out, but the state it replaces
+            # may be genuine and newer, or forged: keep the later time (the log
+            # never goes back) and stay provisional (a forged time is never
+            # promoted to a trusted one).
+            record = Record(
+                max(view.datetime, state.datetime),
+                f"dated {view.datetime.isoformat()}, at or before an unconfirmed state "
+                f"({state.datetime.isoformat()}): re-checked at the Source",
+                confirmed=False,
+            )
         if recheck == "back-dated" and state is not None:
             # The Source bears this change out now, but its date says otherwise:
             # the state keeps the newer time, so it never moves back.
@@ -518,7 +529,7 @@ class Applier:
             except (UnsafePath, PathConflict) as exc:
                 return await self._report(view, change, path_failure(exc))
             if not removed:
-                record = Record(record.when, record.detail or "no file to remove")
+                record = replace(record, detail=record.detail or "no file to remove")
             await self._record(view, Outcome.DELETED, record)
             await self._hook(view, change, path)
             return Outcome.DELETED
@@ -551,7 +562,7 @@ class Applier:
             return await self._report(view, change, result)
         written, url = result
         if url != view.loc:
-            record = Record(record.when, f"fetched from duplicate {url}")
+            record = replace(record, detail=f"fetched from duplicate {url}")
         await self._record(
             view,
             Outcome.APPLIED,
@@ -581,7 +592,7 @@ class Applier:
             length=length if length is not None else view.length,
             outcome=outcome,
             detail=record.detail,
-            confirmed=view.confirmed,
+            confirmed=view.confirmed if record.confirmed is None else record.confirmed,
             collection=view.collection,
         )
 

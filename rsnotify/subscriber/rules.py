@@ -263,6 +263,9 @@ class Record:
 
     when: datetime
     detail: str | None = None
+    # None: as trusted as the change itself; False: provisional whatever the change
+    # (an older change re-checked against a state nobody vouched for).
+    confirmed: bool | None = None
 
 
 @dataclass(slots=True)
