@@ -964,8 +964,10 @@ async def test_a_provisional_state_never_makes_a_genuine_change_look_old(
     genuine = env.note("/a", "updated", at(50), body=b"v2")
     assert await applier.apply(genuine) is Outcome.APPLIED, "skipped as older than the forgery"
     assert env.path("/a").read_bytes() == b"v2"
+    # The log never goes back, and the later (maybe forged) time is never trusted.
     state = await env.store.get(source.url("/a"))
-    assert state is not None and state.confirmed and state.datetime == at(50)
+    assert state is not None and not state.confirmed and state.datetime == at(100)
+    await assert_never_backwards(env.store)
 
 
 async def test_an_older_change_is_rechecked_at_the_source_not_applied_blindly(

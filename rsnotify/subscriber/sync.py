@@ -28,6 +28,14 @@ Invariants, in the order the engine protects them:
 Changes of one resource are applied in order, different resources
 concurrently (the applier's per-URI chains); the cursor follows the longest
 applied prefix.
+
+Why one module of ~900 lines: it is one state machine per collection, and
+every event (a notification, a head, a reconnect, a timer, a hole in the
+Change Lists) reads and moves the same few positions (the trusted Change List
+position, the submitted frontier, the sequence count, the push mode).  The
+pure decisions it delegates live beside it: :mod:`.gaps` (sequence and
+interval gaps), :mod:`.trust` (what push may move), :mod:`.pushhealth` (push
+or poll), :mod:`.rules` (what to do with one change).
 """
 
 from __future__ import annotations

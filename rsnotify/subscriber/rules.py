@@ -1,0 +1,299 @@
+"""What to do with one change, given what the mirror holds: the applier's rules (pure).
+
+Everything here decides; nothing fetches, writes or waits.  The applier
+(:mod:`.applier`) reads a change once into a :class:`ChangeView`, asks the
+resource store for the state of its ``loc``, and follows these rules:
+
+* :func:`already_applied`: nothing to do (the same change again, or an older
+  one, when the state is trusted);
+* :func:`to_recheck`: the change time cannot decide, so the Source is asked
+  (a state nobody vouched for, a change that would make the resource exist or
+  vanish against a newer state, a change from a list out of order);
+* :func:`classify`: what a failed fetch means, and whether to retry.
+
+The outcomes (:class:`Outcome`) are what the apply log records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from ..errors import FetchError, RsNotifyError
+from ..fetch import OriginNotAllowed, ResponseTooLarge
+from ..model import ChangeType, parse_hashes
+from .mirror import FixityMismatch, PathConflict, UnsafePath
+from .resources import ResourceState
+from .trust import beyond_skew
+
+__all__ = [
+    "DONE_OUTCOMES",
+    "ChangeView",
+    "Failure",
+    "InvalidChange",
+    "Outcome",
+    "Record",
+    "already_applied",
+    "classify",
+    "read_change",
+    "to_recheck",
+]
+
+RETRYABLE_STATUS = frozenset({408, 425, 429})
+GONE_STATUS = frozenset({404, 410})
+OUTDATED_DELETE = "the Source still serves it: a newer change than this deletion was applied"
+OUTDATED_BYTES = "the Source serves what the mirror already holds from a newer change"
+NOT_SERVED = "the Source does not serve this older change now"
+SAME_BYTES = "older, and the mirror already holds its bytes"
+
+
+class InvalidChange(RsNotifyError):
+    """An object handed to the applier lacks a usable loc, change or datetime."""
+
+
+class Outcome(StrEnum):
+    """What became of one change; the value is what the apply log records."""
+
+    APPLIED = "applied"  # created/updated: fetched, verified, written
+    DELETED = "deleted"  # deleted: file removed (or already absent)
+    RECORDED = "recorded"  # metadata_only: state recorded, nothing fetched
+    SKIPPED_ALREADY_APPLIED = "skipped_already_applied"
+    CONFIRMED = "confirmed"  # the Change List lists the change a provisional state holds
+    OUTDATED = "outdated"  # older than what the mirror holds, and the Source agrees with that
+    HELD = "held"  # a baseline's resource the mirror already held, byte for byte
+    SUPERSEDED = "superseded"  # failed, but a newer change of the loc is queued
+    REFUSED_ORIGIN = "refused_origin"
+    UNSAFE_PATH = "unsafe_path"
+    PATH_CONFLICT = "path_conflict"
+    HASH_MISMATCH = "hash_mismatch"
+    LENGTH_MISMATCH = "length_mismatch"
+    NOT_FOUND = "not_found"
+    FETCH_FAILED = "fetch_failed"
+    UNCONFIRMED = "unconfirmed"  # an unsigned deletion the Source does not confirm
+
+    @property
+    def done(self) -> bool:
+        """True when nothing is left to do for this change (a cursor may pass it)."""
+        return self in DONE_OUTCOMES
+
+
+DONE_OUTCOMES = frozenset(
+    {
+        Outcome.APPLIED,
+        Outcome.DELETED,
+        Outcome.RECORDED,
+        Outcome.SKIPPED_ALREADY_APPLIED,
+        Outcome.CONFIRMED,
+        Outcome.OUTDATED,
+        Outcome.HELD,
+        Outcome.SUPERSEDED,
+    }
+)
+# What a back-dated change's fetch says when the Source has moved past it.
+NOT_CURRENT = frozenset({Outcome.NOT_FOUND, Outcome.HASH_MISMATCH, Outcome.LENGTH_MISMATCH})
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeView:
+    """The fields the applier needs, read once from whatever object was given."""
+
+    loc: str
+    change: ChangeType
+    datetime: datetime
+    seq: int | None
+    hashes: dict[str, str]
+    length: int | None
+    duplicates: tuple[str, ...]
+    # False: nobody vouched for this change (pushed unsigned, or dated beyond
+    # the allowed skew); its state is provisional and a deletion is checked.
+    confirmed: bool = True
+    collection: str | None = None  # recorded with the state: what a re-baseline compares
+    # A baseline's change: the mirror may already hold these bytes (a re-baseline
+    # after a coverage hole), so compare the file with the advertised digests first.
+    reuse: bool = False
+    # Read from a Change List out of forward chronological order (section 12.1):
+    # its change time proves nothing about order, so the Source is asked instead.
+    unordered: bool = False
+
+    @property
+    def identity(self) -> tuple[str, datetime, ChangeType]:
+        return (self.loc, self.datetime, self.change)
+
+
+def read_change(
+    obj: Any,
+    *,
+    confirmed: bool = True,
+    max_skew: float | None = None,
+    collection: str | None = None,
+    reuse: bool = False,
+    unordered: bool = False,
+) -> ChangeView:
+    loc = getattr(obj, "loc", None)
+    if not isinstance(loc, str) or not loc:
+        raise InvalidChange(f"change without a loc: {obj!r:.200}")
+    try:
+        kind = ChangeType(getattr(obj, "change", None))
+    except ValueError:
+        raise InvalidChange(f"{loc}: change is not created, updated or deleted") from None
+    when = getattr(obj, "change_time", None)  # model.Entry: rs:md datetime, else lastmod
+    if when is None:
+        when = getattr(obj, "datetime", None)
+    if not isinstance(when, datetime) or when.tzinfo is None:
+        raise InvalidChange(f"{loc}: change without an aware datetime")
+    seq = getattr(obj, "seq", None)
+    length = getattr(obj, "length", None)
+    if length is not None and (not isinstance(length, int) or length < 0):
+        raise InvalidChange(f"{loc}: invalid length {length!r}")
+    duplicates: list[tuple[int, str]] = []
+    for link in getattr(obj, "links", None) or ():
+        if isinstance(link, Mapping):
+            rel, href, pri = link.get("rel"), link.get("href"), link.get("pri")
+        else:
+            rel, href, pri = (getattr(link, n, None) for n in ("rel", "href", "pri"))
+        if rel == "duplicate" and isinstance(href, str) and href:
+            duplicates.append((pri if isinstance(pri, int) else 999_999, href))
+    duplicates.sort(key=lambda item: item[0])  # stable: document order among equals
+    if max_skew is not None and beyond_skew(when, datetime.now(UTC), max_skew):
+        confirmed = False
+    return ChangeView(
+        loc=loc,
+        change=kind,
+        datetime=when,
+        seq=seq if isinstance(seq, int) else None,
+        hashes=parse_hashes(getattr(obj, "hash", None)),
+        length=length,
+        duplicates=tuple(href for _, href in duplicates),
+        confirmed=confirmed,
+        collection=collection,
+        reuse=reuse,
+        unordered=unordered,
+    )
+
+
+def provisional(state: ResourceState, max_skew: float) -> bool:
+    """A state whose datetime nobody vouched for (see :mod:`.trust`)."""
+    return not state.confirmed or beyond_skew(state.datetime, datetime.now(UTC), max_skew)
+
+
+def same_change(state: ResourceState, change: ChangeView) -> bool:
+    return state.datetime == change.datetime and state.change == change.change
+
+
+def flips(state: ResourceState, change: ChangeView) -> bool:
+    """``change`` would make the resource exist where it does not, or vanish where it does."""
+    return (state.change is ChangeType.DELETED) != (change.change is ChangeType.DELETED)
+
+
+def doubtful(state: ResourceState, change: ChangeView) -> bool:
+    """An older change the Source should be asked about (see :func:`to_recheck`)."""
+    if flips(state, change):
+        return True
+    if not change.unordered or change.change is ChangeType.DELETED or not change.hashes:
+        return False
+    digest = change.hashes.get("sha-256")
+    return digest is None or state.sha256 is None or digest != state.sha256
+
+
+def already_applied(
+    state: ResourceState | None, change: ChangeView, max_skew: float, *, recheck: bool = False
+) -> bool:
+    """Nothing to do for ``change`` given ``state`` (``recheck``: see :func:`to_recheck`)."""
+    if state is None:
+        return False
+    if provisional(state, max_skew):
+        # Its datetime may be forged: only the very same change counts as done.
+        return same_change(state, change)
+    if state.datetime < change.datetime:
+        return False
+    if state.datetime > change.datetime:
+        return not (recheck and doubtful(state, change))
+    if state.seq is not None and change.seq is not None:
+        return state.seq >= change.seq
+    return state.change == change.change
+
+
+def to_recheck(state: ResourceState | None, change: ChangeView, max_skew: float) -> str | None:
+    """Why ``change``, older than what the mirror holds, must be checked at the Source.
+
+    Two cases where a change time cannot be believed (Z39.99 section 12.1
+    makes it the order of changes, but Sources get it wrong and forgers lie):
+
+    * ``provisional``: the state came from a notification nobody vouched for
+      (rsnotify.subscriber.trust); it may be forged, so an older change is not
+      "already applied" but asked about.
+    * ``back-dated``: the change would make the resource exist or vanish
+      although the mirror holds a newer state.  resync 2.0.1 dates a deletion
+      with the deleted file's old modification time, earlier than the
+      baseline that still listed the file, and a file copied with its old
+      time (``cp -p``) is a creation dated in the past; skipping either as
+      "old" would keep the mirror wrong for ever.  The Source says whether
+      the resource exists now (gone, or serving exactly the change's bytes);
+      otherwise the change is outdated.  The state keeps the newer time.
+
+    An older update of a resource that exists either way is skipped without
+    a request, as before: which *bytes* are newer is what change times order
+    (section 12.1), and a Source (or a cache in front of it) serving an old
+    copy must not roll the mirror back.  Unless the change was read from a
+    list out of order (``unordered``): its time orders nothing, so an older
+    creation or update advertising other bytes than the mirror holds is
+    applied if the Source serves exactly those bytes now (a ``cp -p`` copy
+    dated by its old mtime), and a deletion, older or newer, only once the
+    Source answers 404/410.
+    """
+    if state is None or same_change(state, change):
+        return None
+    if provisional(state, max_skew):
+        return "provisional" if change.datetime <= state.datetime else None
+    if change.datetime < state.datetime and doubtful(state, change):
+        return "back-dated"
+    return None
+
+
+class AlreadyHeld(Exception):
+    """The Source serves exactly the bytes the mirror holds (see ``unless_sha256``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """The time to record a change's state at, and the apply log's detail."""
+
+    when: datetime
+    detail: str | None = None
+    # None: as trusted as the change itself; False: provisional whatever the change
+    # (an older change re-checked against a state nobody vouched for).
+    confirmed: bool | None = None
+
+
+@dataclass(slots=True)
+class Failure:
+    outcome: Outcome
+    retryable: bool
+    detail: str
+
+
+def path_failure(exc: UnsafePath | PathConflict) -> Failure:
+    outcome = Outcome.PATH_CONFLICT if isinstance(exc, PathConflict) else Outcome.UNSAFE_PATH
+    return Failure(outcome, False, str(exc))
+
+
+def classify(exc: FetchError | FixityMismatch, view: ChangeView) -> Failure:
+    """What a failed fetch means: its outcome, and whether trying again can help."""
+    detail = str(exc)
+    if isinstance(exc, FixityMismatch):
+        outcome = Outcome.LENGTH_MISMATCH if exc.length_mismatch else Outcome.HASH_MISMATCH
+        return Failure(outcome, True, detail)
+    if isinstance(exc, OriginNotAllowed):  # a redirect off the allowed origins
+        return Failure(Outcome.REFUSED_ORIGIN, False, detail)
+    if isinstance(exc, ResponseTooLarge):
+        if view.length is not None:
+            return Failure(Outcome.LENGTH_MISMATCH, True, detail)
+        return Failure(Outcome.FETCH_FAILED, False, detail)
+    status = exc.status
+    if status in GONE_STATUS:
+        return Failure(Outcome.NOT_FOUND, True, detail)
+    retryable = status is None or status >= 500 or status in RETRYABLE_STATUS
+    return Failure(Outcome.FETCH_FAILED, retryable, detail)

@@ -1,0 +1,232 @@
+"""Getting a change's bytes from the Source, and asking the Source what it holds.
+
+The applier's I/O: fetch a resource (its ``rel="duplicate"`` mirrors first,
+lowest ``pri`` first, then ``loc``) in rounds with backoff until one verifies
+against the advertised length and digests, hand small bodies to the mirror's
+batched writer and stream large ones, and ask the Source whether a resource
+is gone (a deletion nobody vouched for, or one older than what the mirror
+holds).  Only transfers hold one of the ``concurrency`` slots: a change
+waiting out a backoff holds none, and neither does a small body waiting for
+the mirror's next write batch (those wait in ``held``, with deletes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from ..backoff import Backoff
+from ..errors import FetchError
+from ..fetch import Fetcher, check_origin
+from .mirror import FixityMismatch, Mirror, PathConflict, UnsafePath, Written
+from .rules import (
+    GONE_STATUS,
+    NOT_CURRENT,
+    NOT_SERVED,
+    OUTDATED_BYTES,
+    AlreadyHeld,
+    ChangeView,
+    Failure,
+    Outcome,
+    classify,
+    path_failure,
+)
+
+__all__ = ["HELD_BODIES", "IN_MEMORY_BYTES", "Transfer"]
+
+log = logging.getLogger("rsnotify.subscribe")
+
+# Bodies of declared length up to this are read whole and handed to the
+# mirror's batched writer (Mirror.write_bytes); larger or unsized ones stream
+# to disk.  At most HELD_BODIES such bodies wait in memory for the disk.
+IN_MEMORY_BYTES = 256 << 10
+HELD_BODIES = 256
+
+Superseded = Callable[[], bool]  # "a newer change of this loc is queued": stop trying
+
+
+class Transfer:
+    """Fetches and checks at the Source for one applier (its limits and retry policy)."""
+
+    def __init__(
+        self,
+        mirror: Mirror,
+        fetcher: Fetcher,
+        *,
+        allowed_origins: frozenset[str] | None,
+        concurrency: int,
+        retries: int,
+        not_found_retries: int,
+        use_duplicates: bool,
+        timeout: float,
+        max_resource_bytes: int,
+        backoff_initial: float,
+        backoff_max: float,
+    ) -> None:
+        self.mirror = mirror
+        self.fetcher = fetcher
+        self.allowed_origins = allowed_origins
+        self.retries = retries
+        self.not_found_retries = not_found_retries
+        self.use_duplicates = use_duplicates
+        self.timeout = timeout
+        self.max_resource_bytes = max_resource_bytes
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.slots = asyncio.Semaphore(concurrency)  # transfers at once
+        self.held = asyncio.Semaphore(max(HELD_BODIES, concurrency))  # bodies and deletes waiting
+
+    def candidates(self, view: ChangeView) -> list[str]:
+        urls: list[str] = []
+        if self.use_duplicates:
+            for href in view.duplicates:
+                try:
+                    check_origin(href, self.allowed_origins)
+                except FetchError as exc:
+                    log.info("not using duplicate %s of %s: %s", href, view.loc, exc)
+                    continue
+                if href != view.loc and href not in urls:
+                    urls.append(href)
+        urls.append(view.loc)
+        return urls
+
+    async def fetch(
+        self,
+        view: ChangeView,
+        path: Path,
+        superseded: Superseded,
+        *,
+        unless_sha256: str | None = None,
+        only_if_current: bool = False,
+    ) -> tuple[Written, str] | Failure:
+        """Try duplicates then ``loc``, in rounds with backoff, until one verifies.
+
+        ``unless_sha256``: the digest of what the mirror holds from a newer,
+        provisional change; a body with that digest means the Source agrees
+        with the mirror, and nothing is written (:attr:`Outcome.OUTDATED`).
+        ``only_if_current``: a back-dated change, applied only if the Source
+        serves exactly its bytes now; a 404/410 or other bytes mean it is
+        outdated (:attr:`Outcome.OUTDATED`, at once), not a failure to retry.
+        """
+        candidates = self.candidates(view)
+        backoff = Backoff(initial=self.backoff_initial, maximum=self.backoff_max)
+        rounds = not_found = 0
+        while True:
+            failure: Failure | None = None
+            for url in list(candidates):
+                try:
+                    return await self.fetch_one(url, view, path, unless_sha256), url
+                except AlreadyHeld:
+                    return Failure(Outcome.OUTDATED, False, OUTDATED_BYTES)
+                except (UnsafePath, PathConflict) as exc:  # about the path: no URL can help
+                    return path_failure(exc)
+                except (FetchError, FixityMismatch) as exc:
+                    failure = classify(exc, view)
+                    if only_if_current and failure.outcome in NOT_CURRENT and url == view.loc:
+                        return Failure(Outcome.OUTDATED, False, f"{NOT_SERVED}: {exc}")
+                log.info(
+                    "fetching %s for %s failed (%s): %s",
+                    url,
+                    view.loc,
+                    failure.outcome,
+                    failure.detail,
+                    extra={"loc": view.loc, "outcome": str(failure.outcome)},
+                )
+                if not failure.retryable:
+                    if url == view.loc:
+                        return failure
+                    candidates.remove(url)
+            assert failure is not None  # the loop ended with loc failing
+            if failure.outcome is Outcome.NOT_FOUND:
+                not_found += 1
+                if not_found > self.not_found_retries:
+                    return self._maybe_superseded(failure, superseded)
+            rounds += 1
+            if rounds > self.retries:
+                return self._maybe_superseded(failure, superseded)
+            if superseded():
+                return Failure(Outcome.SUPERSEDED, False, failure.detail)
+            await asyncio.sleep(backoff.next())
+            if superseded():  # a newer change arrived while this one waited
+                return Failure(Outcome.SUPERSEDED, False, failure.detail)
+
+    async def confirm_gone(self, view: ChangeView, superseded: Superseded) -> Failure | None:
+        """None once the Source answers 404/410 for ``loc``; else why the file stays.
+
+        A deletion nobody vouched for must not remove a file the Source still
+        serves (a forged notification on a broker without ACLs, a replayed old
+        one): the Source is asked, with the same retries as a fetch.  A
+        deletion that is genuine but quickly followed by a re-creation is
+        refused too, correctly: the catch-up this causes finds both.
+        """
+        backoff = Backoff(initial=self.backoff_initial, maximum=self.backoff_max)
+        for attempt in range(self.retries + 1):
+            try:
+                async with (
+                    self.slots,
+                    self.fetcher.stream(
+                        view.loc,
+                        max_bytes=self.max_resource_bytes,
+                        timeout=self.timeout,
+                        allowed_origins=self.allowed_origins,
+                    ) as stream,
+                ):
+                    status = stream.result.status
+                return Failure(
+                    Outcome.UNCONFIRMED,
+                    False,
+                    f"the Source still serves it (HTTP {status}): a deletion pushed without a "
+                    "signature is applied only once the Source answers 404 or 410",
+                )
+            except FetchError as exc:
+                if exc.status in GONE_STATUS:
+                    return None
+                failure = classify(exc, view)
+                if not failure.retryable or attempt == self.retries:
+                    return failure
+            if superseded():
+                return Failure(Outcome.SUPERSEDED, False, "a newer change is queued")
+            await asyncio.sleep(backoff.next())
+        raise AssertionError("unreachable")  # the loop returns on its last attempt
+
+    @staticmethod
+    def _maybe_superseded(failure: Failure, superseded: Superseded) -> Failure:
+        if superseded():
+            return Failure(Outcome.SUPERSEDED, False, failure.detail)
+        return failure
+
+    async def fetch_one(
+        self, url: str, view: ChangeView, path: Path, unless_sha256: str | None = None
+    ) -> Written:
+        limit = view.length if view.length is not None else self.max_resource_bytes
+        async with self.held:
+            # Only transfers hold a slot: a change waiting out a backoff does not.
+            async with (
+                self.slots,
+                self.fetcher.stream(
+                    url,
+                    max_bytes=limit,
+                    timeout=self.timeout,
+                    allowed_origins=self.allowed_origins,
+                ) as stream,
+            ):
+                declared = stream.length
+                if declared is None or declared > IN_MEMORY_BYTES:
+                    return await self.mirror.write_atomic(
+                        path, stream, expected_length=view.length, expected_hashes=view.hashes
+                    )
+                data = await stream.read()
+            if unless_sha256 is not None and hashlib.sha256(data).hexdigest() == unless_sha256:
+                raise AlreadyHeld
+            # Small and of known size (nearly every resource): the transfer is
+            # over, so its slot goes to the next fetch while these bytes wait
+            # for the mirror's next write batch (verify, write, fsync, rename:
+            # one round of fsyncs for every write queued meanwhile).  Holding
+            # the slot instead capped the rate at ``concurrency`` writes per
+            # round of fsyncs.
+            return await self.mirror.write_bytes(
+                path, data, expected_length=view.length, expected_hashes=view.hashes
+            )
