@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import os
 
-from .. import argtypes, httpoptions
+from .. import argtypes, httpoptions, memtrace
 from ..config import add_lenient_option, lenient_rules
 from ..errors import RsNotifyError
 from ..logs import setup as setup_logging
@@ -231,6 +231,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
+    memtrace.start_from_env(NAME)  # RSNOTIFY_TRACEMALLOC=PATH: a diagnostic, off by default
     try:
         http = httpoptions.policy_from_args(args)
     except ValueError as exc:
