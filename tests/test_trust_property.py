@@ -30,19 +30,10 @@ from hypothesis import strategies as st
 from rsnotify import w3cdt
 from rsnotify.devstack import async_wait_for
 from rsnotify.envelope import sign
-from rsnotify.fetch import Fetcher
-from rsnotify.publisher.access import HttpAccess
-from rsnotify.publisher.watcher import CollectionWatcher
 from rsnotify.subscriber import events as ev
-from rsnotify.subscriber.applier import Applier
-from rsnotify.subscriber.baseline import baseline
-from rsnotify.subscriber.cursor import CursorStore
-from rsnotify.subscriber.gaps import GapDetector
-from rsnotify.subscriber.mirror import Mirror
-from rsnotify.subscriber.resources import ResourceStore
 from rsnotify.subscriber.sync import CollectionSync
-from rsnotify.tracker import Checkpoint
 from tests.minisource import Source, differences, fixity, notification, of_entry
+from tests.syncrig import running_engine
 
 SECRET = b"the publisher's secret"
 NAMES = ("a.txt", "b.txt", "c.txt", "d.txt")
@@ -168,93 +159,40 @@ class Run:
 async def _scenario(plan: list[Genuine | Replay | Forgery], signed: bool, tmp: Path) -> None:
     source = Source()
     await source.start({"a.txt": b"alpha\n", "b.txt": b"bravo\n"})
-    fetcher = Fetcher()
-    resources = ResourceStore(tmp / "resources.sqlite3")
-    cursors = CursorStore(tmp / "cursor.sqlite3")
-    task: asyncio.Task[None] | None = None
-    engine: CollectionSync | None = None
     try:
-        applier = Applier(
-            Mirror(tmp / "mirror"),
-            resources,
-            fetcher,
-            allowed_origins=[source.base],
-            retries=1,
-            not_found_retries=0,
-            backoff_initial=0.01,
-            backoff_max=0.02,
-            timeout=5.0,
-        )
-        watcher = CollectionWatcher(
-            access=HttpAccess(fetcher),
-            collection=source.collection,
-            capability_list=source.capability_list,
-            changelist_url=source.changelist,
-            checkpoint=Checkpoint(started=True),
-        )
-        engine = CollectionSync(
-            collection=source.collection,
-            capability_list=source.capability_list,
-            watcher=watcher,
-            applier=applier,
-            cursors=cursors,
-            detector=GapDetector(
-                heartbeat_timeout=3600, head_grace=0.2, safety_interval=3600, now=time.monotonic()
-            ),
-            keys={"k1": SECRET} if signed else None,
-            tick=0.05,
-            doubt_interval=0.2,
-            resourcelist_url=source.url("resourcelist.xml"),
-        )
+        async with running_engine(
+            source, tmp, keys={"k1": SECRET} if signed else None, doubt_interval=0.2
+        ) as (engine, task):
+            run = Run(source, engine, signed)
+            for step in plan:
+                if isinstance(step, Genuine):
+                    run.genuine(step)
+                elif isinstance(step, Replay):
+                    run.replay(step)
+                else:
+                    run.forge(step)
+                await asyncio.sleep(0)  # let the engine interleave with the next step
+            # Lost notifications with nothing after them are found by the safety poll.
+            engine.detector.next_safety_poll = time.monotonic()
 
-        async def initial() -> datetime | None:
-            summary = await baseline(
-                fetcher, applier, source.url("resourcelist.xml"), collection=source.collection,
-                workdir=tmp,
-            )  # fmt: skip
-            return summary.at
+            def settled() -> bool:
+                if task.done():
+                    task.result()  # an engine failure is the test's failure
+                return not differences(source, tmp / "mirror")
 
-        await engine.start(initial)
-        task = asyncio.create_task(engine.run())
-        run = Run(source, engine, signed)
-        for step in plan:
-            if isinstance(step, Genuine):
-                run.genuine(step)
-            elif isinstance(step, Replay):
-                run.replay(step)
-            else:
-                run.forge(step)
-            await asyncio.sleep(0)  # let the engine interleave with the next step
-        # Lost notifications with nothing after them are found by the safety poll.
-        engine.detector.next_safety_poll = time.monotonic()
-        current = engine
-
-        def settled() -> bool:
-            if task.done():
-                task.result()  # an engine failure is the test's failure
-            return not differences(source, tmp / "mirror")
-
-        await async_wait_for(
-            settled,
-            timeout=15,
-            message=lambda: (
-                f"no convergence: {differences(source, tmp / 'mirror')}, {current.stats}"
-            ),
-        )
-        newest = max((e.datetime for e in source.changes if e.datetime), default=None)
-        position = engine.applied.last_time
-        assert position is None or newest is None or position <= newest, (
-            f"the Change List position {position} passed the Source's newest change {newest}"
-        )
+            await async_wait_for(
+                settled,
+                timeout=15,
+                message=lambda: (
+                    f"no convergence: {differences(source, tmp / 'mirror')}, {engine.stats}"
+                ),
+            )
+            newest = max((e.datetime for e in source.changes if e.datetime), default=None)
+            position = engine.applied.last_time
+            assert position is None or newest is None or position <= newest, (
+                f"the Change List position {position} passed the Source's newest change {newest}"
+            )
     finally:
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        if engine is not None:
-            await engine.close()
-        await fetcher.close()
-        await cursors.close()
-        await resources.close()
         await source.stop()
 
 
