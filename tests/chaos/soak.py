@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -47,6 +48,7 @@ from typing import Any
 
 import psutil
 
+from rsnotify import memtrace
 from rsnotify.devstack import ManagedProcess
 
 from .stack import Stack, StackOptions
@@ -229,6 +231,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    if args.memtrace:  # inherited by the subscriber (only it reads these)
+        os.environ[memtrace.ENV_PATH] = str(out.resolve() / "memtrace-{pid}.txt")
+        os.environ[memtrace.ENV_INTERVAL] = str(args.sample)
+        os.environ.setdefault(memtrace.ENV_FRAMES, "0")  # tracing would slow it down
     options = StackOptions(
         collections=2,
         resources=500,
@@ -318,6 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=float, default=60.0, help="seconds between samples")
     parser.add_argument("--out", type=Path, default=Path("soak"))
     parser.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir)")
+    parser.add_argument(
+        "--memtrace",
+        action="store_true",
+        help="the subscriber appends what grew (rsnotify.memtrace) to OUT/memtrace-PID.txt "
+        "every sample period",
+    )
     return run(parser.parse_args(argv))
 
 
