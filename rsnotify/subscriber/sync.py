@@ -69,7 +69,13 @@ from .trust import DEFAULT_DOUBT_INTERVAL, DEFAULT_MAX_SKEW, DoubtLimiter, SeqMe
 
 log = logging.getLogger("rsnotify.subscribe")
 
-QUEUE_SIZE = 100_000
+# Events waiting for the engine, per collection.  The queue only fills while
+# the pipeline is at MAX_IN_FLIGHT, and a queued notification costs about
+# 600 bytes: 100,000 let a subscriber behind its Source hold 60 MB more per
+# collection (the 30-minute soak's RSS stepped 252 -> 322 MB in one stall).
+# 10,000 is 20 s of a 500/s Source; past it the engine catches up from the
+# Change Lists, which it must be able to do anyway.
+QUEUE_SIZE = 10_000
 # Changes submitted and not yet passed by the cursor, per collection.  Without
 # a cap a subscriber slower than its Source (a loaded host, a slow disk) took
 # every notification at once and held it as a task: the 500 changes/s soak
@@ -141,6 +147,7 @@ class CollectionSync:
         tick: float = 0.5,
         max_skew: float = DEFAULT_MAX_SKEW,
         max_in_flight: int = MAX_IN_FLIGHT,
+        queue_size: int = QUEUE_SIZE,
         doubt_interval: float = DEFAULT_DOUBT_INTERVAL,
         degraded_after: float = DEFAULT_GRACE,
         degraded_poll: float = DEFAULT_INTERVAL,
@@ -176,7 +183,8 @@ class CollectionSync:
         self.sole_collection = False
         self.resourcelist_url = resourcelist_url
         self.resourcedump_url = resourcedump_url
-        self.queue: asyncio.Queue[ev.Event] = asyncio.Queue(QUEUE_SIZE)
+        self.queue: asyncio.Queue[ev.Event] = asyncio.Queue(queue_size)
+        self._overflowed = False  # an Overflow is queued: drop events until it is read
         self.stats = SyncStats()
         self._pending: deque[_Pending] = deque()
         self._wake = asyncio.Event()
@@ -201,13 +209,23 @@ class CollectionSync:
     # -- channel side ---------------------------------------------------------------
 
     def offer(self, event: ev.Event) -> None:
-        """Called by channels (on the loop thread); never blocks."""
+        """Called by channels (on the loop thread); never blocks.
+
+        A full queue drops its oldest event for one :class:`~.events.Overflow`
+        marker; until the engine reads that marker, whatever finds the queue
+        full is dropped.  The catch-up the marker makes reads the Change
+        Lists after every dropped event was published, so one marker covers
+        them all (a marker per dropped event made a catch-up per event).
+        """
+        if self._overflowed and self.queue.full():
+            return
         try:
             self.queue.put_nowait(event)
         except asyncio.QueueFull:
             with contextlib.suppress(asyncio.QueueFull):
                 self.queue.get_nowait()
                 self.queue.put_nowait(ev.Overflow())
+                self._overflowed = True
 
     # -- cursor -----------------------------------------------------------------------
 
@@ -835,6 +853,7 @@ class CollectionSync:
                 return None
             return self.detector.on_invalid(event.reason)
         if isinstance(event, ev.Overflow):
+            self._overflowed = False
             return Gap("event queue overflow")
         if isinstance(event, ev.Disconnected):
             self._event("disconnected", event.reason, {})
