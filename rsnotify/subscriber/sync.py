@@ -72,9 +72,9 @@ log = logging.getLogger("rsnotify.subscribe")
 # Events waiting for the engine, per collection.  The queue only fills while
 # the pipeline is at MAX_IN_FLIGHT, and a queued notification costs about
 # 600 bytes: 100,000 let a subscriber behind its Source hold 60 MB more per
-# collection (the 30-minute soak's RSS stepped 252 -> 322 MB in one stall).
-# 10,000 is 20 s of a 500/s Source; past it the engine catches up from the
-# Change Lists, which it must be able to do anyway.
+# collection (issue 22's soak).  10,000 is 20 s of a 500/s Source; past it
+# the engine catches up from the Change Lists, which it must be able to do
+# anyway.
 QUEUE_SIZE = 10_000
 # Changes submitted and not yet passed by the cursor, per collection.  Without
 # a cap a subscriber slower than its Source (a loaded host, a slow disk) took
