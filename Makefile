@@ -70,7 +70,7 @@ fuzz: $(STAMP)
 	$(PY) -m tests.fuzz --minutes $(FUZZ_MINUTES)
 
 demo: $(STAMP) services
-	$(PY) -m rsnotify.demo
+	$(PY) -m tests.demo
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache bench/results

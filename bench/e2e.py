@@ -101,8 +101,8 @@ import psutil
 from bench._common import REPO_ROOT, format_table, machine_info, source_digest, write_json
 from rsnotify import sitemap, w3cdt
 from rsnotify.collection import collection_id
-from rsnotify.devstack import HOST, ManagedProcess, Mosquitto, Redis, free_port, wait_for
 from rsnotify.subscriber.pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
+from tests.devstack import HOST, ManagedProcess, Mosquitto, Redis, free_port, wait_for
 
 NAME = "e2e"
 RESYNC_SYNC = str(Path(sys.executable).with_name("resync-sync"))
@@ -872,7 +872,7 @@ def catchup_run(mode: str, run: int, opts: argparse.Namespace, root: Path) -> Ca
 
 
 def _catchup_run(space: Workspace, mode: str, run: int, opts: argparse.Namespace) -> CatchupRun:
-    from rsnotify.demo import mirror_differences
+    from tests.groundtruth import mirror_differences
 
     root = space.root
     load_before = list(os.getloadavg())

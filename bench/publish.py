@@ -1,6 +1,6 @@
 """Publisher throughput and latency: rsnotify against a bare paho-mqtt loop, and at 200/s.
 
-Both scenarios run against a private Mosquitto and Redis (``rsnotify.devstack``)
+Both scenarios run against a private Mosquitto and Redis (``tests.devstack``)
 on free loopback ports, and read a Source directory laid out exactly as
 ``rsnotify simulate --dir`` writes it (the simulator's own ``Site`` and
 ``DiskWriter`` produce the bytes; files are replaced atomically).
@@ -830,8 +830,8 @@ class CpuWindow:
 class Stack:
     """The brokers every scenario shares."""
 
-    broker: Any  # rsnotify.devstack.Mosquitto
-    redis: Any  # rsnotify.devstack.Redis
+    broker: Any  # tests.devstack.Mosquitto
+    redis: Any  # tests.devstack.Redis
     workdir: Path
 
     def flush_redis(self) -> None:
@@ -892,8 +892,8 @@ async def run_rsnotify_throughput(
     first (what the publisher's start-up would do), so the gateway's lane is
     waiting on the log.
     """
-    from rsnotify.devstack import free_port
     from rsnotify.log.redis_log import RedisLog
+    from tests.devstack import free_port
 
     stack.flush_redis()
     ws_port = free_port()
@@ -1157,8 +1157,7 @@ async def run_latency(
     server and ``rsnotify publish URL --poll opts.poll`` (conditional GETs,
     ranged tail reads where the server allows them).
     """
-    from rsnotify.devstack import ManagedProcess, async_wait_for, free_port
-    from rsnotify.devstatic import HttpServer, Nginx
+    from tests.devstack import HttpServer, ManagedProcess, Nginx, async_wait_for, free_port
 
     stack.flush_redis()
     root = stack.workdir / f"source-{mode}-{prefill}-{run}"
@@ -1539,7 +1538,7 @@ def _workdir(requested: Path | None) -> Path:
 @contextlib.asynccontextmanager
 async def bench_stack(opts: argparse.Namespace) -> AsyncIterator[Stack]:
     """A private Mosquitto and Redis in a fresh work directory, removed after unless --keep."""
-    from rsnotify.devstack import Mosquitto, Redis
+    from tests.devstack import Mosquitto, Redis
 
     workdir = _workdir(opts.workdir)
     print(f"work directory {workdir}", flush=True)

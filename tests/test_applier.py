@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from rsnotify.devstack import async_wait_for
 from rsnotify.envelope import Notification
 from rsnotify.fetch import Fetcher
 from rsnotify.metrics import serving
@@ -25,6 +24,7 @@ from rsnotify.subscriber.applier import RECORD_BATCH, Applier, Hooks, InvalidCha
 from rsnotify.subscriber.baseline import baseline
 from rsnotify.subscriber.mirror import TEMP_PREFIX, Mirror
 from rsnotify.subscriber.resources import ResourceStore, ResourceStoreError
+from tests.devstack import async_wait_for
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rsnotify import cli
-from rsnotify.devstack import ManagedProcess, free_port
+from tests.devstack import ManagedProcess, free_port
 from tests.helpers import running_simulator
 
 SOURCE = "https://source.example.org/"

@@ -37,14 +37,14 @@ from typing import Any
 
 import pytest
 
-from rsnotify.demo import mirror_differences
-from rsnotify.devstack import ManagedProcess, Mosquitto, Redis, async_wait_for, free_port, wait_for
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from rsnotify.simulator.server import Simulator, SimulatorConfig
 from rsnotify.subscriber import events as ev
 from rsnotify.subscriber.channels import WebSocketChannel
 from rsnotify.subscriber.mirror import TEMP_PREFIX
 from rsnotify.subscriber.service import Subscriber, SubscriberConfig
+from tests.devstack import ManagedProcess, Mosquitto, Redis, async_wait_for, free_port, wait_for
+from tests.groundtruth import mirror_differences
 from tests.helpers import (
     get_json,
     messages,

@@ -25,8 +25,8 @@ from rsnotify.dashboard import latency
 from rsnotify.dashboard.latency import Histogram, LatencyWindows, bin_of, bin_value
 from rsnotify.dashboard.server import Dashboard, DashboardConfig
 from rsnotify.dashboard.state import DashboardState, LogIndex
-from rsnotify.devstack import Redis, async_wait_for, free_port
 from rsnotify.report import LatencySample, ReportError
+from tests.devstack import Redis, async_wait_for, free_port
 
 T0 = 1_800_000_000.0  # a fixed "now" for the pure tests
 

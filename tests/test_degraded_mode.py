@@ -23,9 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rsnotify.devstack import ManagedProcess, Mosquitto, free_port, wait_for
 from rsnotify.subscriber.pushhealth import PushHealth
 from rsnotify.subscriber.resources import ApplyRecord
+from tests.devstack import ManagedProcess, Mosquitto, free_port, wait_for
 from tests.helpers import freeze_and_converge, get_json, read_apply_log
 
 RunProcess = Callable[..., ManagedProcess]

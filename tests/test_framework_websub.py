@@ -38,9 +38,8 @@ from aiohttp import web
 from lxml import etree
 
 from rsnotify import sitemap
-from rsnotify.devstack import ManagedProcess, async_wait_for, free_port
-from rsnotify.devstatic import HttpServer
 from rsnotify.model import Capability, ChangeType, Entry, Root, make_document
+from tests.devstack import HttpServer, ManagedProcess, async_wait_for, free_port
 from tests.helpers import get_json, post_json
 from tests.test_websub import PlainSubscriber, http_bytes, start_publisher, start_simulator
 

@@ -697,7 +697,7 @@ def test_directory_fsyncs_are_group_committed(
 ) -> None:
     """Callers arriving while an fsync runs share the next one, which starts after them."""
 
-    from rsnotify.devstack import wait_for
+    from tests.devstack import wait_for
 
     syncer, release, fsyncs = _parked_syncer(monkeypatch, fail=set())
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
@@ -732,7 +732,7 @@ def test_directory_fsyncs_are_group_committed(
 def test_a_failed_shared_directory_fsync_fails_every_caller_it_covered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rsnotify.devstack import wait_for
+    from tests.devstack import wait_for
 
     syncer, release, fsyncs = _parked_syncer(monkeypatch, fail={2})
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)

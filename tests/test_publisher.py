@@ -13,7 +13,6 @@ import aiohttp
 import pytest
 
 from rsnotify import sitemap, w3cdt
-from rsnotify.devstack import Redis, async_wait_for
 from rsnotify.log import NotificationLog
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
@@ -21,6 +20,7 @@ from rsnotify.log.tail_cache import TailCache
 from rsnotify.publisher import service
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from rsnotify.transport.topics import topic_level
+from tests.devstack import Redis, async_wait_for
 from tests.helpers import running_simulator
 
 
@@ -210,9 +210,9 @@ async def test_hub_links_are_written_into_a_directory_sources_capability_list(
     tmp_path: Path,
 ) -> None:
     from rsnotify import sitemap
-    from rsnotify.devstack import free_port
     from rsnotify.discovery import push_channels
     from rsnotify.model import CapabilityList
+    from tests.devstack import free_port
 
     site = tmp_path / "site"
     port = free_port()

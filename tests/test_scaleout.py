@@ -14,13 +14,13 @@ import websockets
 from paho.mqtt.enums import CallbackAPIVersion
 
 from rsnotify import envelope, w3cdt
-from rsnotify.devstack import Mosquitto, Redis, async_wait_for, free_port
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from rsnotify.transport import wsproto
 from rsnotify.transport.mqtt import CURSOR_NAME, MqttPusher
 from rsnotify.transport.topics import Topics
+from tests.devstack import Mosquitto, Redis, async_wait_for, free_port
 
 C = "example.org-c1-capabilitylist-5ca1e000"
 N = 2000

@@ -23,7 +23,6 @@ import pytest
 from multidict import CIMultiDict
 
 from rsnotify import sitemap, w3cdt
-from rsnotify.devstack import async_wait_for, free_port
 from rsnotify.discovery import CHANNEL_REL
 from rsnotify.model import ChangeType, Document
 from rsnotify.simulator import payload
@@ -31,6 +30,7 @@ from rsnotify.simulator.diskwriter import MARKER
 from rsnotify.simulator.server import Simulator, SimulatorConfig
 from rsnotify.simulator.site import Representation, Site
 from rsnotify.simulator.source import Layout, SimulatorError, Source, Weights
+from tests.devstack import async_wait_for, free_port
 
 T0 = datetime(2024, 1, 1, 12, 0, 0, tzinfo=UTC)
 LAYOUT = Layout("http://example.org/")

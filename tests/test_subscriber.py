@@ -15,12 +15,12 @@ import pytest
 
 from rsnotify import w3cdt
 from rsnotify.commands.audit import audit
-from rsnotify.devstack import Mosquitto, Redis, async_wait_for, free_port
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from rsnotify.subscriber.cursor import AlreadyRunning
 from rsnotify.subscriber.mirror import TEMP_PREFIX, path_for
 from rsnotify.subscriber.resources import ResourceStore
 from rsnotify.subscriber.service import Subscriber, SubscriberConfig, default_state_dir
+from tests.devstack import Mosquitto, Redis, async_wait_for, free_port
 from tests.helpers import running_simulator
 
 

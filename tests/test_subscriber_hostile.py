@@ -35,7 +35,6 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from rsnotify import w3cdt
-from rsnotify.devstack import Mosquitto, async_wait_for, free_port
 from rsnotify.envelope import SIGNATURE_PROPERTY, sign
 from rsnotify.model import Entry
 from rsnotify.subscriber import sync as sync_module
@@ -43,6 +42,7 @@ from rsnotify.subscriber.mirror import path_for
 from rsnotify.subscriber.resources import ApplyRecord
 from rsnotify.subscriber.service import Subscriber, SubscriberConfig, default_state_dir
 from rsnotify.subscriber.sync import CollectionSync
+from tests.devstack import Mosquitto, async_wait_for, free_port
 from tests.minisource import Source, differences, fixity, notification, of_entry
 
 SECRET = b"correct horse battery staple"

@@ -31,7 +31,6 @@ from paho.mqtt.properties import Properties
 
 from rsnotify import envelope, outbound, w3cdt
 from rsnotify.collection import collection_id
-from rsnotify.devstack import HOST, Mosquitto, NatsServer, Redis, async_wait_for
 from rsnotify.envelope import SIGNATURE_PROPERTY, Notification, SignatureError
 from rsnotify.log import LogRecord, NotificationLog, Retention
 from rsnotify.log.redis_log import RedisLog
@@ -41,6 +40,7 @@ from rsnotify.transport import InvalidBrokerURL, TransportError, mqttsig
 from rsnotify.transport.mqtt import CURSOR_NAME, MqttPusher
 from rsnotify.transport.mqtturl import parse_broker_url
 from rsnotify.transport.topics import Topics
+from tests.devstack import HOST, Mosquitto, NatsServer, Redis, async_wait_for
 
 C1 = collection_id("https://example.org/c1/capabilitylist.xml")
 C2 = collection_id("https://example.org/c2/capabilitylist.xml")

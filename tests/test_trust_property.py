@@ -28,7 +28,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rsnotify import w3cdt
-from rsnotify.devstack import async_wait_for
 from rsnotify.envelope import sign
 from rsnotify.fetch import Fetcher
 from rsnotify.publisher.access import HttpAccess
@@ -42,6 +41,7 @@ from rsnotify.subscriber.mirror import Mirror
 from rsnotify.subscriber.resources import ResourceStore
 from rsnotify.subscriber.sync import CollectionSync
 from rsnotify.tracker import Checkpoint
+from tests.devstack import async_wait_for
 from tests.minisource import Source, differences, fixity, notification, of_entry
 
 SECRET = b"the publisher's secret"
