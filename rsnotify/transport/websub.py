@@ -7,9 +7,10 @@ this module is the aiohttp server and client around it.  It runs inside
 
 Everything comes from the log
     As with the WebSocket gateway, the hub never takes notifications from the
-    publisher in-process: per collection with subscribers, one tailer loops
-    on ``log.wait``, renders each record once as Change Notification XML and
-    keeps the last ``ring_size`` in a shared ring.  Subscriptions are
+    publisher in-process: per collection with subscribers, one tailer
+    (:mod:`.tail`, shared with the WebSocket gateway) loops on ``log.wait``,
+    renders each record once as Change Notification XML and keeps the last
+    ``ring_size`` in a shared ring.  Subscriptions are
     cursors into it.  What the ring holds is delivered even if the log has
     trimmed it since; ``rsnotify publish`` sizes the ring to at most the
     log's count retention, so "beyond retention" means what it says.
@@ -74,6 +75,7 @@ from ..errors import RsNotifyError
 from ..log import LogRecord, LogUnavailable, NotificationLog
 from . import atom
 from . import websubproto as proto
+from .tail import LogTail
 from .websubguard import Admission, CallbackPolicy, FilteringResolver, quote, resolve_host
 from .websubproto import (
     Action,
@@ -90,7 +92,7 @@ logger = logging.getLogger(__name__)
 
 TAIL_BATCH = 500
 REPLAY_BATCH = 100
-WAIT_TIMEOUT = 2.0
+WAIT_TIMEOUT = 2.0  # longest wait of a caught-up delivery before it looks again
 REAP_INTERVAL = 0.25  # how often expired leases are looked for
 VERIFY_CONCURRENCY = 64  # verification GETs at once; the rest wait their turn
 MAX_REQUEST_BYTES = envelope.MAX_XML_PAYLOAD_BYTES  # a form, or a Source's notification
@@ -104,13 +106,7 @@ class _Gap:
     head: int
 
 
-class _Tailer:
-    def __init__(self, collection: str, position: int, capacity: int) -> None:
-        self.collection = collection
-        self.position = position
-        self.ring: deque[RenderedChange] = deque(maxlen=capacity)
-        self.subs: set[_Sub] = set()
-        self.task: asyncio.Task[None] | None = None
+_Tailer = LogTail[RenderedChange, "_Sub"]
 
 
 @dataclass(eq=False)
@@ -620,7 +616,7 @@ class WebSubHub:
         s = _Sub(sub, Delivery(sub.cursor, backoff_max=self.backoff_max))
         self._subs[sub.key] = s
         tailer = self._tailer(sub.collection, sub.cursor)
-        tailer.subs.add(s)
+        tailer.readers.add(s)
         s.task = asyncio.create_task(self._deliver_loop(s, tailer), name="rsnotify-websub-deliver")
 
     async def _remove(self, key: tuple[str, str], why: str) -> None:
@@ -632,8 +628,8 @@ class WebSubHub:
         self.admission.remove(s.sub.client, s.sub.callback)
         tailer = self._tailers.get(s.sub.collection)
         if tailer is not None:
-            tailer.subs.discard(s)
-            if not tailer.subs:  # nobody left to feed: stop reading the log
+            tailer.readers.discard(s)
+            if not tailer.readers:  # nobody left to feed: stop reading the log
                 del self._tailers[s.sub.collection]
                 if tailer.task is not None:
                     tailer.task.cancel()
@@ -678,48 +674,18 @@ class WebSubHub:
     def _tailer(self, collection: str, position: int) -> _Tailer:
         tailer = self._tailers.get(collection)
         if tailer is None:
-            tailer = _Tailer(collection, position, self.ring_size)
-            self._tailers[collection] = tailer
-            tailer.task = asyncio.create_task(
-                self._tail(tailer), name=f"rsnotify-websub-{collection}"
+            tailer = _Tailer(
+                self.log,
+                collection,
+                position,
+                self.ring_size,
+                lambda record, _read_at: self._render(collection, record),
+                batch=TAIL_BATCH,
+                recheck_head=True,
             )
+            self._tailers[collection] = tailer
+            tailer.task = asyncio.create_task(tailer.run(), name=f"rsnotify-websub-{collection}")
         return tailer
-
-    async def _tail(self, tailer: _Tailer) -> None:
-        delay = 0.1
-        while True:
-            raise_if_cancelled()
-            try:
-                records = await self.log.wait(
-                    tailer.collection, tailer.position, timeout=WAIT_TIMEOUT, limit=TAIL_BATCH
-                )
-                if not records:  # also learn a head that moved while nobody listened
-                    head = await self.log.head(tailer.collection)
-                    if head > tailer.position:
-                        records = await self.log.read(
-                            tailer.collection, tailer.position, limit=TAIL_BATCH
-                        )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("%s: cannot read the log: %s", tailer.collection, exc)
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, 5.0)
-                continue
-            delay = 0.1
-            if records:
-                self._advance(tailer, records)
-                for s in tailer.subs:
-                    s.wake.set()
-
-    def _advance(self, tailer: _Tailer, records: Sequence[LogRecord]) -> None:
-        for record in records:
-            if record.seq <= tailer.position:
-                continue
-            if record.seq != tailer.position + 1:
-                tailer.ring.clear()  # keep the ring dense
-            tailer.ring.append(self._render(tailer.collection, record))
-            tailer.position = record.seq
 
     def _render(self, collection: str, record: LogRecord) -> RenderedChange:
         return proto.render_record(collection, record)
