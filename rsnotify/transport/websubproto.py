@@ -119,6 +119,7 @@ from urllib.parse import urlencode, urlsplit
 import orjson
 
 from .. import envelope, framework, w3cdt
+from ..backoff import Backoff
 from ..envelope import MAX_URI_CHARS
 from ..errors import RsNotifyError
 from ..log import LogRecord
@@ -608,9 +609,14 @@ class Delivery:
 
     def __init__(self, cursor: int, *, backoff_max: float = 30.0) -> None:
         self.cursor = cursor
-        self.failures = 0
         self.next_attempt = 0.0
         self.backoff_max = backoff_max
+        self._backoff = Backoff(initial=BACKOFF_MIN, maximum=backoff_max)
+
+    @property
+    def failures(self) -> int:
+        """Failed POSTs in a row."""
+        return self._backoff.attempts
 
     def plan(self, earliest: int, head: int) -> Action:
         """What to do next, given the log's retained range ``earliest..head``."""
@@ -622,7 +628,7 @@ class Delivery:
 
     def delivered(self, seq: int) -> None:
         self.cursor = max(self.cursor, seq)
-        self.failures = 0
+        self._backoff.reset()
         self.next_attempt = 0.0
 
     def gap_delivered(self, earliest: int, head: int) -> None:
@@ -631,9 +637,7 @@ class Delivery:
 
     def failed(self, now: float, jitter: float = 1.0) -> float:
         """Record a failed POST; returns the delay before retrying (``jitter`` in [0.5, 1])."""
-        ceiling = min(self.backoff_max, BACKOFF_MIN * 2.0**self.failures)
-        self.failures += 1
-        delay = ceiling * max(0.5, min(1.0, jitter))
+        delay = self._backoff.next(jitter)
         self.next_attempt = now + delay
         return delay
 
