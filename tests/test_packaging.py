@@ -128,7 +128,18 @@ def test_importing_every_module_changes_no_global_state(tmp_path: Path) -> None:
 def _copy_tree(destination: Path) -> Path:
     """The checkout without build output, venvs or caches (pip builds in the source tree)."""
     ignored = shutil.ignore_patterns(
-        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".demo", "soak"
+        ".git",
+        ".venv",
+        "build",
+        "*.egg-info",
+        "__pycache__",
+        ".*_cache",
+        ".hypothesis",
+        ".demo",
+        ".rsnotify",
+        "soak",
+        "results",
+        "chaos-report.json",
     )
     shutil.copytree(ROOT, destination, ignore=ignored)
     return destination
