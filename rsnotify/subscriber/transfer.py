@@ -8,6 +8,17 @@ is gone (a deletion nobody vouched for, or one older than what the mirror
 holds).  Only transfers hold one of the ``concurrency`` slots: a change
 waiting out a backoff holds none, and neither does a small body waiting for
 the mirror's next write batch (those wait in ``held``, with deletes).
+
+Bodies fetched ahead: a Destination that falls behind a fast-changing Source
+fetches, for an old change, bytes the Source wrote for a later one.  Those
+fail the old change's fixity check, and the later change's own fetch (issued
+only after the old one is superseded) gets bytes later still: on a hot
+resource every change mismatched and the mirror froze.  A small body that
+fails its check is therefore kept (bounded: :data:`AHEAD_BODIES` bodies,
+:data:`AHEAD_BYTES` in all, oldest dropped first) and offered to the next
+change of the same ``loc`` before any request: applied only if it verifies
+against that change's own digests, it is exactly what a fetch that returned
+it would have applied.
 """
 
 from __future__ import annotations
@@ -15,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 from ..backoff import Backoff
 from ..errors import FetchError
 from ..fetch import Fetcher, check_origin
+from ..model import DIGEST_SIZES, normalize_digest
 from .mirror import FixityMismatch, Mirror, PathConflict, UnsafePath, Written
 from .rules import (
     GONE_STATUS,
@@ -35,7 +48,7 @@ from .rules import (
     path_failure,
 )
 
-__all__ = ["HELD_BODIES", "IN_MEMORY_BYTES", "Transfer"]
+__all__ = ["AHEAD_BODIES", "AHEAD_BYTES", "HELD_BODIES", "IN_MEMORY_BYTES", "Transfer"]
 
 log = logging.getLogger("rsnotify.subscribe")
 
@@ -44,6 +57,11 @@ log = logging.getLogger("rsnotify.subscribe")
 # to disk.  At most HELD_BODIES such bodies wait in memory for the disk.
 IN_MEMORY_BYTES = 256 << 10
 HELD_BODIES = 256
+# Bodies that failed an older change's fixity check, kept for a newer change
+# of the same loc (see the module's docstring): at most this many, this many
+# bytes in all (each at most IN_MEMORY_BYTES).
+AHEAD_BODIES = 512
+AHEAD_BYTES = 32 << 20
 
 Superseded = Callable[[], bool]  # "a newer change of this loc is queued": stop trying
 
@@ -78,6 +96,9 @@ class Transfer:
         self.backoff_max = backoff_max
         self.slots = asyncio.Semaphore(concurrency)  # transfers at once
         self.held = asyncio.Semaphore(max(HELD_BODIES, concurrency))  # bodies and deletes waiting
+        self._ahead: OrderedDict[str, bytes] = OrderedDict()  # loc -> body fetched ahead
+        self._ahead_bytes = 0
+        self.ahead_used = 0  # changes applied from a body fetched ahead (no request)
 
     def candidates(self, view: ChangeView) -> list[str]:
         urls: list[str] = []
@@ -111,6 +132,20 @@ class Transfer:
         serves exactly its bytes now; a 404/410 or other bytes mean it is
         outdated (:attr:`Outcome.OUTDATED`, at once), not a failure to retry.
         """
+        # A back-dated change needs what the Source serves *now*: no body kept from before.
+        ahead = None if only_if_current else self._from_ahead(view)
+        if ahead is not None:
+            try:
+                written = await self._write_small(view, path, ahead, unless_sha256)
+            except AlreadyHeld:
+                return Failure(Outcome.OUTDATED, False, OUTDATED_BYTES)
+            except FixityMismatch:
+                pass  # bytes of another version: fetch as usual (they were kept again)
+            except (UnsafePath, PathConflict) as exc:
+                return path_failure(exc)
+            else:
+                self.ahead_used += 1
+                return written, view.loc
         candidates = self.candidates(view)
         backoff = Backoff(initial=self.backoff_initial, maximum=self.backoff_max)
         rounds = not_found = 0
@@ -219,14 +254,49 @@ class Transfer:
                         path, stream, expected_length=view.length, expected_hashes=view.hashes
                     )
                 data = await stream.read()
-            if unless_sha256 is not None and hashlib.sha256(data).hexdigest() == unless_sha256:
-                raise AlreadyHeld
             # Small and of known size (nearly every resource): the transfer is
             # over, so its slot goes to the next fetch while these bytes wait
             # for the mirror's next write batch (verify, write, fsync, rename:
             # one round of fsyncs for every write queued meanwhile).  Holding
             # the slot instead capped the rate at ``concurrency`` writes per
             # round of fsyncs.
+            return await self._write_small(view, path, data, unless_sha256)
+
+    async def _write_small(
+        self, view: ChangeView, path: Path, data: bytes, unless_sha256: str | None
+    ) -> Written:
+        """Verify and write a body held in memory; one that fails is kept for a newer change."""
+        if unless_sha256 is not None and hashlib.sha256(data).hexdigest() == unless_sha256:
+            raise AlreadyHeld
+        try:
             return await self.mirror.write_bytes(
                 path, data, expected_length=view.length, expected_hashes=view.hashes
             )
+        except FixityMismatch:
+            self._keep_ahead(view.loc, data)
+            raise
+
+    def _keep_ahead(self, loc: str, data: bytes) -> None:
+        old = self._ahead.pop(loc, None)
+        if old is not None:
+            self._ahead_bytes -= len(old)
+        self._ahead[loc] = data
+        self._ahead_bytes += len(data)
+        while len(self._ahead) > AHEAD_BODIES or self._ahead_bytes > AHEAD_BYTES:
+            _, dropped = self._ahead.popitem(last=False)
+            self._ahead_bytes -= len(dropped)
+
+    def _from_ahead(self, view: ChangeView) -> bytes | None:
+        """The body kept for ``view.loc``, if the change has a digest it can be checked by.
+
+        A length alone could pass bytes of another version: without a digest
+        of a known algorithm the kept body is not offered (a fetch decides).
+        """
+        if view.loc not in self._ahead or not any(
+            algo.lower() in DIGEST_SIZES and normalize_digest(algo.lower(), digest) is not None
+            for algo, digest in view.hashes.items()
+        ):
+            return None
+        data = self._ahead.pop(view.loc)
+        self._ahead_bytes -= len(data)
+        return data
