@@ -44,13 +44,12 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime, time
-from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from .errors import RsNotifyError
+from .configfile import ConfigError, ConfigFile, Problem, load
 
 CONFIG_ENV = "RSNOTIFY_CONFIG"
 ENV_PREFIX = "RSNOTIFY_"
@@ -72,25 +71,6 @@ _SECRET_NAME = re.compile(rf"{_SECRET_NAME.pattern}|^headers?$", re.IGNORECASE)
 
 
 # --- problems ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing wrong, located: ``where`` is ``file:line``, a file, or a variable name."""
-
-    where: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.message}"
-
-
-class ConfigError(RsNotifyError):
-    """A configuration file or ``RSNOTIFY_*`` variable was refused (one line per problem)."""
-
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(str(p) for p in self.problems))
 
 
 class ValueRefused(Exception):
@@ -317,67 +297,6 @@ def from_env(option: Option, text: str) -> Any:
     return _check_choice(option.action, _call_type(option.action, text))
 
 
-# --- the file ------------------------------------------------------------------------
-
-_HEADER = re.compile(r"^\s*\[\s*([A-Za-z0-9_\-\"' .]+?)\s*\]\s*(?:#.*)?$")
-_KEY = re.compile(r"""^\s*(?:"([^"]+)"|'([^']+)'|([A-Za-z0-9_\-]+))\s*=""")
-
-
-@dataclass(slots=True)
-class ConfigFile:
-    """A parsed TOML configuration file and where its keys are (for messages)."""
-
-    path: Path
-    data: dict[str, Any]
-    lines: dict[tuple[str, str], int] = field(default_factory=dict)
-    section_lines: dict[str, int] = field(default_factory=dict)
-
-    def where(self, section: str | None = None, key: str | None = None) -> str:
-        line = None
-        if section is not None:
-            line = self.section_lines.get(section)
-            if key is not None:
-                line = self.lines.get((section, key), line)
-        return f"{self.path}:{line}" if line else str(self.path)
-
-
-def _locate(text: str) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
-    """Lines of ``[section]`` headers and their ``key =`` lines (tomllib gives none)."""
-    keys: dict[tuple[str, str], int] = {}
-    sections: dict[str, int] = {}
-    section = ""
-    for number, line in enumerate(text.splitlines(), start=1):
-        header = _HEADER.match(line)
-        if header:
-            section = header.group(1).strip().strip("\"'")
-            sections.setdefault(section, number)
-            continue
-        key = _KEY.match(line)
-        if key:
-            name = next(g for g in key.groups() if g is not None)
-            keys.setdefault((section, name), number)
-    return keys, sections
-
-
-def load(path: str | os.PathLike[str]) -> ConfigFile:
-    """Read and parse a TOML file; unreadable files and syntax errors are ConfigErrors."""
-    location = Path(path)
-    try:
-        raw = location.read_bytes()
-    except OSError as exc:
-        raise ConfigError([Problem(str(location), f"cannot read: {exc.strerror or exc}")]) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError([Problem(str(location), f"not UTF-8: {exc}")]) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([Problem(str(location), f"invalid TOML: {exc}")]) from None
-    keys, sections = _locate(text)
-    return ConfigFile(location, data, keys, sections)
-
-
 # --- resolving -----------------------------------------------------------------------
 
 
@@ -402,7 +321,7 @@ def file_sections(
         if not isinstance(table, dict):
             problems.append(
                 Problem(
-                    file.where("", name),
+                    file.where(name),
                     f"{name!r} is outside any section; put it under [{COMMON}] or a "
                     f"subcommand's section ({', '.join(f'[{s}]' for s in known)})",
                 )

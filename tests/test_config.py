@@ -245,6 +245,38 @@ def test_unknown_key_suggests_the_real_one_with_its_line(tmp_path: Path) -> None
     assert message == f"{path}:4: [publish] pol: unknown option; did you mean 'poll'?"
 
 
+def test_lines_come_from_the_toml_syntax_tree_not_from_the_look_of_a_line(
+    tmp_path: Path,
+) -> None:
+    """Quoted and dotted keys, multi-line values, and text that only looks like TOML."""
+    path = write(
+        tmp_path,
+        """[subscribe]
+on-change = '''
+[publish]
+collection = 1
+'''
+"concurrency" = 0
+allow-origin = [
+  "https://mirror.example/",
+  7,
+]
+  metrics-port = "x"
+""",
+    )
+    lines = problems("subscribe", [BASE, "--into", "m", "--config", str(path)]).splitlines()
+    assert lines == [
+        f"{path}:6: [subscribe] concurrency: must be >= 1, got 0",
+        f"{path}:7: [subscribe] allow-origin: item 2: expected a string, got a number (7) "
+        "(quote it)",
+        f"{path}:11: [subscribe] metrics-port: not an integer: 'x'",
+    ]
+    path = write(tmp_path, "publish.poll = 0\n", "dotted.toml")
+    assert problems("publish", [BASE, "--config", str(path)]) == (
+        f"{path}:1: [publish] poll: must be a number > 0, got 0"
+    )
+
+
 def test_wrong_type_bad_choice_and_type_function_errors(tmp_path: Path) -> None:
     path = write(
         tmp_path,
