@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -17,17 +18,23 @@ from .. import discovery, sitemap
 from ..errors import RsNotifyError
 from ..fetch import Fetcher
 from ..model import Capability, Entry
+from ..options import Options, add_arguments, flag, option, positional, repeated
 from ..subscriber.mirror import TEMP_PREFIX, MirrorError, path_for
 
 NAME = "audit"
 HELP = "compare a mirror with the Source's Resource List; exit 1 on differences"
 
 
+OPTIONS = Options(
+    positional("source", metavar="SOURCE"),
+    option("--into", required=True, metavar="DIR"),
+    repeated("--collection", metavar="URL|ID"),
+    flag("--quiet", help="print only the summary"),
+)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", metavar="SOURCE")
-    parser.add_argument("--into", required=True, metavar="DIR")
-    parser.add_argument("--collection", action="append", default=[], metavar="URL|ID")
-    parser.add_argument("--quiet", action="store_true", help="print only the summary")
+    add_arguments(OPTIONS, parser, environ=os.environ)
 
 
 def _sha256(path: Path) -> str:
