@@ -11,6 +11,7 @@ Bearer ...'``), and ``config show`` redacts ``header`` values.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from .httppolicy import (
     DEFAULT_DEADLINE,
@@ -30,7 +31,7 @@ def _header(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive(kind: type[float] | type[int], *, zero: bool) -> argparse._ActionType:
+def _positive(kind: type[float] | type[int], *, zero: bool) -> Callable[[str], float | int]:
     def convert(text: str) -> float | int:
         try:
             value = kind(text)

@@ -77,6 +77,11 @@ class Opt:
         return not self.flags[0].startswith("-")
 
     @property
+    def is_required(self) -> bool:
+        """Required unless configured: ``required=`` options and one-word positionals."""
+        return self.required or (self.positional and self.nargs in (None, "+"))
+
+    @property
     def longs(self) -> list[str]:
         """The long flags without their dashes (``from-beginning``)."""
         return [f[2:] for f in self.flags if f.startswith("--")]
@@ -240,14 +245,13 @@ def add_arguments(
     list rather than extending it.
     """
     configured = configured or {}
-    groups: dict[str, Any] = {}
     for item in options.items:
         target: Any = parser
         members = item.options if isinstance(item, Group) else (item,)
         if isinstance(item, Group):
-            target = groups.setdefault(item.title, parser.add_argument_group(item.title))
+            target = parser.add_argument_group(item.title)
         for opt in members:
-            required = opt.required or (opt.positional and opt.nargs in (None, "+"))
+            required = opt.is_required
             if opt.dest in configured:
                 required = False
                 value = configured[opt.dest]

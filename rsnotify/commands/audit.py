@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import os
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from .. import discovery, sitemap
 from ..errors import RsNotifyError
 from ..fetch import Fetcher
 from ..model import Capability, Entry
-from ..options import Options, add_arguments, flag, option, positional, repeated
+from ..options import Options, flag, option, positional, repeated
 from ..subscriber.mirror import TEMP_PREFIX, MirrorError, path_for
 
 NAME = "audit"
@@ -31,10 +30,6 @@ OPTIONS = Options(
     repeated("--collection", metavar="URL|ID"),
     flag("--quiet", help="print only the summary"),
 )
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_arguments(OPTIONS, parser, environ=os.environ)
 
 
 def _sha256(path: Path) -> str:

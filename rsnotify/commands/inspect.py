@@ -34,7 +34,7 @@ from .. import w3cdt
 from ..commonoptions import lenient_options, lenient_rules
 from ..errors import RsNotifyError
 from ..model import Document, Entry, Link
-from ..options import Options, add_arguments, flag, option, positional
+from ..options import Options, flag, option, positional
 from ..sitemap import DEFAULT_LIMITS, DocumentReader, Lenient, Limits
 
 NAME = "inspect"
@@ -60,10 +60,6 @@ OPTIONS = Options(
         help="refuse documents larger than this (default: 50 MB, the Sitemap limit)",
     ),
 )
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_arguments(OPTIONS, parser, environ=os.environ)
 
 
 def _value(value: Any) -> Any:

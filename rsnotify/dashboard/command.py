@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 
 from .. import argtypes
 from ..commonoptions import LOG, MQTT_PROTOCOL
 from ..errors import RsNotifyError
 from ..logs import setup as setup_logging
-from ..options import Options, add_arguments, build, option, repeated
+from ..options import Options, build, option, repeated
 from ..transport.topics import prefix_argument
 from .server import Dashboard, DashboardConfig
 
@@ -86,10 +85,6 @@ OPTIONS = Options(
     ),
     LOG,
 )
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_arguments(OPTIONS, parser, environ=os.environ)
 
 
 async def _serve(config: DashboardConfig) -> int:

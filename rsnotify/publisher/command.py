@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 
 from .. import argtypes, httpoptions
 from ..commonoptions import LOG, METRICS_HOST, MQTT_PROTOCOL, lenient_options, lenient_rules
 from ..log import Retention
 from ..logs import setup as setup_logging
-from ..options import Group, Options, add_arguments, build, flag, option, positional, repeated
+from ..options import Group, Options, build, flag, option, positional, repeated
 from ..transport.topics import prefix_argument
 from . import service
 from .service import PublisherConfig
@@ -333,10 +332,6 @@ OPTIONS = Options(
     HA,
     OPS,
 )
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_arguments(OPTIONS, parser, environ=os.environ)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 from pathlib import Path
 
 from .. import argtypes
-from ..options import Group, Options, add_arguments, build, flag, option, repeated
+from ..options import Group, Options, build, flag, option, repeated
 from .server import Simulator, SimulatorConfig
 from .site import RESOURCE_LIST_LIMIT
 from .source import DEFAULT_CHANGELIST_SIZE, SimulatorError, Weights
@@ -187,10 +186,6 @@ OPTIONS = Options(
     CHANGES,
     flag("--quiet", help="no live status line even on a terminal", field=None),
 )
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_arguments(OPTIONS, parser, environ=os.environ)
 
 
 def config_from_args(args: argparse.Namespace) -> SimulatorConfig:

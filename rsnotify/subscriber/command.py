@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import operator
-import os
 
 from .. import argtypes, httpoptions
 from ..commonoptions import LOG, METRICS_HOST, MQTT_PROTOCOL, lenient_options, lenient_rules
 from ..errors import RsNotifyError
 from ..logs import setup as setup_logging
-from ..options import Options, add_arguments, build, flag, option, positional, repeated
+from ..options import Options, build, flag, option, positional, repeated
 from ..transport.topics import prefix_argument
 from . import service
 from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
@@ -223,10 +222,6 @@ OPTIONS = Options(
     METRICS_HOST,
     LOG,
 )
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_arguments(OPTIONS, parser, environ=os.environ)
 
 
 def run(args: argparse.Namespace) -> int:
