@@ -137,6 +137,7 @@ def normalize(key: str) -> str:
 
 def _fresh(value: T) -> T:
     """A list default is copied, so no parse can append to the declaration's own list."""
+    # The ignore: list(value) is a list[Any] where mypy wants the T it cannot see is a list.
     return list(value) if isinstance(value, list) else value  # type: ignore[return-value]
 
 
