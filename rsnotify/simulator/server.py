@@ -118,7 +118,7 @@ class SimulatorConfig:
     flush_interval: float = 0.5
     clock_skew: float = 0.0
     large_every: int = 0
-    large_bytes: int = 0
+    large_bytes: int = 4 * 1024 * 1024  # the mean size of one in --large-every resources
     pings: tuple[str, ...] = ()  # hub URLs told "I just wrote my Change List" (see .ping)
     ping_secret: str | None = None
 
