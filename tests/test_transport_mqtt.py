@@ -1055,7 +1055,7 @@ async def test_no_more_publishes_await_a_puback_than_the_brokers_receive_maximum
 
 
 def test_properties_packed_once_are_the_bytes_paho_would_pack() -> None:
-    from rsnotify.transport.mqtt import PackedOnce
+    from rsnotify.transport.mqttmessage import PackedOnce
 
     def build(kind: type[Properties]) -> Properties:
         props = kind(PacketTypes.PUBLISH)
