@@ -60,7 +60,8 @@ class Lane:
         self.inflight.clear()
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass costs ~1 us more to build, once per message and per ack.
+@dataclass(slots=True)
 class Sent:
     """What one paho message id carries."""
 
@@ -70,7 +71,7 @@ class Sent:
     started: float  # loop time when it was handed over, for the publish latency
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ack:
     """One PUBACK booked: what it acknowledged, or refused."""
 
