@@ -112,6 +112,10 @@ def test_a_refused_message_holds_its_lane_until_the_retry() -> None:
     assert lane.refused and window.acked(lane) == 1  # the cursor cannot pass seq 2
     window.retry(lane)
     assert not lane.refused and lane.sent_through == 1 and not lane.inflight
+    assert lane.refusals == 1  # the next pause grows ...
+    send(window, 4, lane, 2)
+    window.ack(1, 4, failed=False)
+    assert lane.refusals == 0 and window.acked(lane) == 2  # ... until one is accepted
     head = window.ack(1, 99, failed=True)
     assert head is None
 

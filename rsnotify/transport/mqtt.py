@@ -53,7 +53,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -63,6 +62,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
 
 from .. import outbound
+from ..backoff import Backoff
 from ..collection import is_valid_collection_id
 from ..errors import RsNotifyError
 from ..log import LogRecord, LogUnavailable, NotificationLog
@@ -79,6 +79,7 @@ logger = logging.getLogger(__name__)
 CURSOR_NAME = "mqtt"
 MAX_WINDOW = 10_000  # far below paho's 65535 message ids
 LOG_WAIT_S = 1.0  # how long one log.wait blocks; bounds how stale a lane's view can get
+REFUSED_MIN_S, REFUSED_MAX_S = 2.0, 32.0  # a lane's pause after the broker refused a message
 
 #: ``on_published(collection, seq, rendered_payload_len, publish_latency_s)``
 PublishedCallback = Callable[[str, int, int, float], None]
@@ -475,9 +476,10 @@ class MqttPusher:
         await self._init_lane(lane)
         while True:
             if lane.refused:
-                lane.refusals += 1
-                delay = min(self.reconnect_max, 2.0 ** min(lane.refusals, 5))
-                await asyncio.sleep(random.uniform(delay / 2, delay))
+                # 2 s, 4 s, ... up to 32 s (or reconnect_max) while refusals go on.
+                ceiling = min(self.reconnect_max, REFUSED_MAX_S)
+                pause = Backoff(REFUSED_MIN_S, ceiling, attempts=lane.refusals).next()
+                await asyncio.sleep(pause)
                 self._window.retry(lane)
                 continue
             if not self._window.connected or self._stopping:

@@ -50,7 +50,7 @@ class Lane:
     inflight: set[int] = field(default_factory=set)  # published, no PUBACK yet
     durable: int = 0  # what the log cursor holds
     refused: bool = False  # the broker refused a message; retry after a pause
-    refusals: int = 0  # refusals in a row, for the pause before the retry
+    refusals: int = 0  # retries since the last accepted message: the next pause grows with it
 
     def acked_through(self) -> int:
         return min(self.inflight) - 1 if self.inflight else self.sent_through
@@ -208,4 +208,5 @@ class DeliveryWindow:
     def retry(self, lane: Lane) -> None:
         """After a refusal's pause: resend from the lane's acked-through."""
         lane.refused = False
+        lane.refusals += 1
         lane.rewind()
