@@ -666,10 +666,10 @@ class _CountingCondition(threading.Condition):
 def _parked_syncer(
     monkeypatch: pytest.MonkeyPatch, fail: set[int]
 ) -> tuple[object, threading.Event, list[tuple[int, float, float]]]:
-    """A _DirSyncer whose fsync #1 blocks until released and #n in ``fail`` raises."""
-    from rsnotify.subscriber import mirror as module
+    """A DirSyncer whose fsync #1 blocks until released and #n in ``fail`` raises."""
+    from rsnotify.subscriber.mirror import durability as module
 
-    syncer = module._DirSyncer()
+    syncer = module.DirSyncer()
     syncer._cond = _CountingCondition()  # type: ignore[assignment]
     release = threading.Event()
     fsyncs: list[tuple[int, float, float]] = []  # (number, started, finished), monotonic
@@ -795,7 +795,7 @@ async def test_a_batched_write_returns_only_once_durable(
     The caller (the applier) records a change as applied only after write_bytes
     returns, so this order is what makes a batched apply crash-safe.
     """
-    from rsnotify.subscriber import mirror as module
+    from rsnotify.subscriber.mirror import commit as module
 
     trace: list[tuple[str, object]] = []
     lock = threading.Lock()
