@@ -54,6 +54,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="also write every document and resource under this directory, for a static server",
     )
+    net.add_argument(
+        "--spare-inodes",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="--dir replaces files by swapping in inodes earlier replaces retired, kept in "
+        "DIR/.rsnotify-spare; pays only on ext4 without a journal (default: off)",
+    )
     shape = parser.add_argument_group("the Source")
     shape.add_argument(
         "--collections",
@@ -201,6 +208,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         seed=args.seed,
         spec_version=args.spec_version,
         dir=args.dir,
+        spare_inodes=args.spare_inodes,
         weights=args.weights,
         resurrect=args.resurrect,
         hubs=tuple(args.hub),

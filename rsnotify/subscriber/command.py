@@ -124,10 +124,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--metadata-only", action="store_true", help="record changes without fetching resources"
     )
     parser.add_argument(
-        "--no-spare-inodes",
-        action="store_true",
-        help="write every file as a new inode instead of reusing retired ones kept in "
-        "<state>/spare (files then take the attributes of their own directory)",
+        "--spare-inodes",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="replace small files by swapping in inodes earlier replaces retired, kept in "
+        "<state>/spare, instead of a new file each time; pays only on ext4 without a "
+        "journal, and files then take the state directory's SELinux label, default ACL "
+        "and group (default: off)",
     )
     parser.add_argument(
         "--once", action="store_true", help="catch up to the Source's current state and exit"
@@ -247,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         topic_prefix=args.topic_prefix,
         concurrency=args.concurrency,
         metadata_only=args.metadata_only,
-        spare_inodes=not args.no_spare_inodes,
+        spare_inodes=args.spare_inodes,
         once=args.once,
         heartbeat_timeout=args.heartbeat_timeout,
         safety_poll=args.safety_poll,

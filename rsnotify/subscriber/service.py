@@ -63,7 +63,7 @@ class SubscriberConfig:
     topic_prefix: str | None = None
     concurrency: int = 16
     metadata_only: bool = False
-    spare_inodes: bool = True  # reuse retired inodes (rsnotify.spare); off: a new one per write
+    spare_inodes: bool = False  # --spare-inodes: reuse retired inodes (rsnotify.spare)
     once: bool = False
     heartbeat_timeout: float = 30.0
     safety_poll: float = 300.0
@@ -190,9 +190,10 @@ class Subscriber:
             self._lock.acquire()
         except OSError as exc:
             raise RsNotifyError(f"state directory {self.state_dir}: {exc.strerror}") from None
-        # Retired inodes wait in the state directory, beside the mirror and
-        # (by default) on its filesystem, never inside the mirror itself: a
-        # web server publishing the mirror must not serve old versions.
+        # With --spare-inodes, retired inodes wait in the state directory,
+        # beside the mirror and (by default) on its filesystem, never inside
+        # the mirror itself: a web server publishing it must not serve old
+        # versions.  Without, files are replaced by plain renames.
         spare_dir = self.state_dir / "spare" if config.spare_inodes else None
         mirror = self._mirror = Mirror(config.into, spare_dir=spare_dir)
         removed = mirror.cleanup_temp()

@@ -114,10 +114,10 @@ class BatchWriter:
         loop = asyncio.get_running_loop()
         # Tracked and shielded like a commit: settle() waits for the thread
         # itself, not only for this task, so no rename outlives it.
-        job = self.durability.run(lambda: self._store(batch), batch=True)
         try:
+            job = self.durability.run(lambda: self._store(batch), batch=True)
             results = await asyncio.shield(job)
-        except BaseException as exc:  # cancelled (loop closing): fail the batch
+        except BaseException as exc:  # cancelled (loop closing), or closed: fail the batch
             for write in batch:
                 if not write.future.done():
                     write.future.set_exception(

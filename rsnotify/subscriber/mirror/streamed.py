@@ -63,9 +63,9 @@ class StreamWriter:
                 write_all(item.fd, chunk)
             digests = {algo: hasher.hexdigest() for algo, hasher in hashers.items()}
             verify(path, length, digests, expected_length, expected)
-            handed_off = True
             dirs = self.durability.dirs
             job = self.durability.run(lambda: commit([item], strategy, dirs), batch=False)
+            handed_off = True
             # Shielded: once the rename is under way it finishes (and closes its
             # descriptors) even if the caller is cancelled.
             (outcome,) = await asyncio.shield(job)
