@@ -29,6 +29,10 @@ from .safedirs import close_all, open_dirs, refuse_directory
 
 __all__ = ["commit", "open_target", "prepare_write", "release"]
 
+# Linux only (typeshed does not know the flag): start writeback, wait for nothing.
+_START_WRITEBACK = getattr(os, "sync_file_range", None)
+_WRITE: int = getattr(os, "SYNC_FILE_RANGE_WRITE", 2)
+
 
 def open_target(
     root: Path, names: tuple[str, ...], path: Path | str, *, create: bool
@@ -95,12 +99,11 @@ def commit(
     """
     results: list[bool | BaseException] = [MirrorError("not stored")] * len(items)
     try:
-        flush = getattr(os, "sync_file_range", None)
-        if flush is not None and len(items) > 1:
+        if _START_WRITEBACK is not None and len(items) > 1:
             for item in items:
                 if item.fd >= 0:
                     with contextlib.suppress(OSError):  # only a hint: fsync follows
-                        flush(item.fd, 0, 0, os.SYNC_FILE_RANGE_WRITE)
+                        _START_WRITEBACK(item.fd, 0, 0, _WRITE)
         replaced: list[int] = []
         for k, item in enumerate(items):
             outcome = _remove(item, strategy) if item.delete else _install(item, strategy)
