@@ -245,6 +245,8 @@ def test_every_option_of_every_subcommand_is_configurable() -> None:
         offered.discard("help")
         for opt in command_options:
             offered.add(opt.key)
+            if opt.toggle:  # --x and --no-x: one key, ``x = true|false``
+                offered.discard(f"no-{opt.key}")
             assert opts[opt.key] is opt, f"rsnotify {name}: {opt.key}"
         assert offered <= set(opts), f"rsnotify {name}: {offered - set(opts)} not configurable"
 

@@ -51,6 +51,13 @@ SERVING = Group(
         type=Path,
         help="also write every document and resource under this directory, for a static server",
     ),
+    flag(
+        "--spare-inodes",
+        toggle=True,
+        default=False,
+        help="--dir replaces files by swapping in inodes earlier replaces retired, kept in "
+        "DIR/.rsnotify-spare; pays only on ext4 without a journal (default: off)",
+    ),
 )
 SOURCE = Group(
     "the Source",

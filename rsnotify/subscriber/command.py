@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import operator
 
 from .. import argtypes, httpoptions
 from ..commonoptions import LOG, METRICS_HOST, MQTT_PROTOCOL, lenient_options, lenient_rules
@@ -121,11 +120,13 @@ OPTIONS = Options(
     ),
     flag("--metadata-only", help="record changes without fetching resources"),
     flag(
-        "--no-spare-inodes",
-        help="write every file as a new inode instead of reusing retired ones kept in "
-        "<state>/spare (files then take the attributes of their own directory)",
-        field="spare_inodes",
-        to_field=operator.not_,
+        "--spare-inodes",
+        toggle=True,
+        default=False,
+        help="replace small files by swapping in inodes earlier replaces retired, kept in "
+        "<state>/spare, instead of a new file each time; pays only on ext4 without a "
+        "journal, and files then take the state directory's SELinux label, default ACL "
+        "and group (default: off)",
     ),
     flag("--once", help="catch up to the Source's current state and exit"),
     option(
