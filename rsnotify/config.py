@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from .errors import RsNotifyError
+from .errors import ConfigError, ValueRefused
 
 CONFIG_ENV = "RSNOTIFY_CONFIG"
 ENV_PREFIX = "RSNOTIFY_"
@@ -83,18 +83,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"
-
-
-class ConfigError(RsNotifyError):
-    """A configuration file or ``RSNOTIFY_*`` variable was refused (one line per problem)."""
-
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(str(p) for p in self.problems))
-
-
-class ValueRefused(Exception):
-    """A value failed conversion; the message says why, the caller adds where."""
 
 
 def suggest(name: str, candidates: Iterable[str]) -> str:

@@ -54,7 +54,7 @@ import orjson
 
 from . import w3cdt
 from .collection import is_valid_collection_id
-from .errors import DocumentError, InvalidDatetime, RsNotifyError
+from .errors import DocumentError, InvalidDatetime, InvalidNotification, SignatureError
 from .model import ChangeType, Document, Entry, Link, Root, make_document
 
 VERSION = 1
@@ -76,14 +76,6 @@ _CHANGES = {c.value: c for c in ChangeType}
 # Characters XML 1.0 cannot carry (as in sitemap.py), lone surrogates included.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _TEXT_FIELDS = ("collection", "capabilitylist", "changelist", "loc", "hash", "type")
-
-
-class InvalidNotification(RsNotifyError):
-    """A payload that is not a notification rsnotify can apply (garbage, oversized, forged)."""
-
-
-class SignatureError(InvalidNotification):
-    """A payload that is unsigned, or signed with an unknown key or a wrong digest."""
 
 
 @dataclass(slots=True)

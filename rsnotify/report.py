@@ -60,7 +60,7 @@ from redis.retry import Retry
 
 from .argtypes import REDIS_SCHEMES
 from .cancellation import raise_if_cancelled
-from .errors import RsNotifyError
+from .errors import ReportError
 
 log = logging.getLogger("rsnotify.report")
 
@@ -75,10 +75,6 @@ BUFFER = 20_000  # samples held while Redis is slow; beyond that the oldest are 
 STAGES = ("e2e", "detect", "publish", "deliver", "apply")
 # Engine states that mean "not applying pushed changes in order yet".
 CATCHING_UP = frozenset({"starting", "baseline", "catching-up"})
-
-
-class ReportError(RsNotifyError):
-    """A telemetry target that cannot be used (a bad URL)."""
 
 
 def subscriber_key(name: str) -> str:

@@ -100,7 +100,7 @@ from urllib.parse import quote, unquote_to_bytes, urlsplit
 
 import yarl
 
-from ..errors import RsNotifyError
+from ..errors import LocalError, RemoteInputError
 from ..model import DIGEST_SIZES, normalize_digest
 from ..spare import SparePool, SpareUnusable, fill
 
@@ -146,7 +146,7 @@ PATH_CACHE_SIZE = 16_384  # loc -> path answers kept (a catch-up asks once per c
 _PCHAR_SAFE = "!$&'()*+,;=:@"
 
 
-class MirrorError(RsNotifyError):
+class MirrorError(LocalError):
     """The mirror could not map or store a resource (``.path`` when one is involved)."""
 
     def __init__(self, message: str, *, path: Path | str | None = None):
@@ -154,7 +154,7 @@ class MirrorError(RsNotifyError):
         super().__init__(message)
 
 
-class UnsafePath(MirrorError):
+class UnsafePath(MirrorError, RemoteInputError):
     """A ``loc`` that cannot be mapped strictly inside the mirror root."""
 
 
@@ -166,7 +166,7 @@ class PathConflict(MirrorError):
     """A file stands where a directory is needed, or a directory where a file is."""
 
 
-class FixityMismatch(MirrorError):
+class FixityMismatch(MirrorError, RemoteInputError):
     """The bytes received do not have the advertised length or hash; nothing was replaced."""
 
     def __init__(

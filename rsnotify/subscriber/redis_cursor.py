@@ -34,7 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..backoff import Backoff
 from ..cancellation import raise_if_cancelled
-from ..errors import RsNotifyError
+from ..errors import CursorStoreUnavailable
 from ..tracker import Checkpoint
 from .cursor import Cursor
 
@@ -43,10 +43,6 @@ __all__ = ["MAX_EVENTS", "CursorStoreUnavailable", "RedisCursorStore", "destinat
 MAX_EVENTS = 1_000
 
 log = logging.getLogger("rsnotify.subscribe")
-
-
-class CursorStoreUnavailable(RsNotifyError):
-    """Redis holding the cursors cannot be reached or refused a command."""
 
 
 def destination_id(into: str | Path, name: str | None = None) -> str:

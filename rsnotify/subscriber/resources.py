@@ -45,7 +45,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import RsNotifyError
+from ..errors import ResourceStoreError
 from ..model import ChangeType
 
 __all__ = [
@@ -98,10 +98,6 @@ CREATE INDEX IF NOT EXISTS apply_log_by_loc ON apply_log(loc, id);
 KEEP = 0  # log the outcome only (skipped, refused, failed)
 APPLY = 1  # the change is now the state of its loc (moving forward only)
 CONFIRM = 2  # the Source's Change List lists the change a provisional state holds
-
-
-class ResourceStoreError(RsNotifyError):
-    """The resource store cannot be read or written (locked, disk full, corrupt)."""
 
 
 @dataclass(frozen=True, slots=True)

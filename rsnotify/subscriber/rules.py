@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from ..errors import FetchError, RsNotifyError
+from ..errors import AlreadyHeld, FetchError, InvalidChange
 from ..fetch import OriginNotAllowed, ResponseTooLarge
 from ..model import ChangeType, parse_hashes
 from .mirror import FixityMismatch, PathConflict, UnsafePath
@@ -31,6 +31,7 @@ from .trust import beyond_skew
 
 __all__ = [
     "DONE_OUTCOMES",
+    "AlreadyHeld",
     "ChangeView",
     "Failure",
     "InvalidChange",
@@ -48,10 +49,6 @@ OUTDATED_DELETE = "the Source still serves it: a newer change than this deletion
 OUTDATED_BYTES = "the Source serves what the mirror already holds from a newer change"
 NOT_SERVED = "the Source does not serve this older change now"
 SAME_BYTES = "older, and the mirror already holds its bytes"
-
-
-class InvalidChange(RsNotifyError):
-    """An object handed to the applier lacks a usable loc, change or datetime."""
 
 
 class Outcome(StrEnum):
@@ -251,10 +248,6 @@ def to_recheck(state: ResourceState | None, change: ChangeView, max_skew: float)
     if change.datetime < state.datetime and doubtful(state, change):
         return "back-dated"
     return None
-
-
-class AlreadyHeld(Exception):
-    """The Source serves exactly the bytes the mirror holds (see ``unless_sha256``)."""
 
 
 @dataclass(frozen=True, slots=True)

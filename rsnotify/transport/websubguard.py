@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import TransportError
+from ..errors import CallbackRefused as CallbackRefused  # its old home
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -52,10 +52,6 @@ def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
     if len(text) > limit:
         return repr(text[:limit]) + "..."
     return repr(text)
-
-
-class CallbackRefused(TransportError):
-    """A callback the hub may not call (the message says why)."""
 
 
 def _address(text: str) -> Address | None:

@@ -120,9 +120,8 @@ import orjson
 
 from .. import envelope, framework, w3cdt
 from ..envelope import MAX_URI_CHARS
-from ..errors import RsNotifyError
+from ..errors import RequestError, RsNotifyError
 from ..log import LogRecord
-from . import TransportError
 
 logger = logging.getLogger("rsnotify.transport.websub")
 
@@ -146,14 +145,6 @@ NOTIFICATION_TYPE = "application/xml"
 ATOM_TYPE = "application/atom+xml"
 GAP_TYPE = NOTIFICATION_TYPE  # WebSub 7: the topic's content type
 BACKOFF_MIN = 0.2
-
-
-class RequestError(TransportError):
-    """A subscription request the hub answers with ``400`` (the message says why)."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,9 +101,8 @@ import orjson
 from .. import outbound, w3cdt
 from ..collection import is_valid_collection_id
 from ..envelope import MAX_URI_CHARS, InvalidNotification
-from ..errors import InvalidDatetime
+from ..errors import InvalidDatetime, InvalidSubscription
 from ..model import ChangeType
-from . import TransportError
 
 #: Largest server frame a client should accept (websockets ``max_size``): a
 #: 64 KiB payload JSON-escaped, plus the frame's own fields.
@@ -124,16 +123,6 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_INTERNAL_ERROR = 1011
 CLOSE_TRY_AGAIN_LATER = 1013
-
-
-class InvalidSubscription(TransportError):
-    """A client asked for something the gateway will not serve; ``code`` goes in the error frame."""
-
-    def __init__(self, code: str, message: str, *, collection: str | None = None) -> None:
-        self.code = code
-        self.message = message
-        self.collection = collection
-        super().__init__(f"{code}: {message}")
 
 
 # --- what a client asks for (parsed by the gateway) ----------------------------
