@@ -269,10 +269,12 @@ class _Writer:
         events = list(self.events)
         self.events.clear()
         pipe = self.redis.pipeline(transaction=False)
+        # Ignored below: redis-py types xadd's fields as an invariant dict of its
+        # own key and value unions, which a dict[str, str] is not.
         for sample in batch:
-            pipe.xadd(SAMPLES_KEY, self.sample_fields(sample), maxlen=SAMPLES_MAXLEN)
+            pipe.xadd(SAMPLES_KEY, self.sample_fields(sample), maxlen=SAMPLES_MAXLEN)  # type: ignore[arg-type]
         for event in events:
-            pipe.xadd(EVENTS_KEY, event, maxlen=EVENTS_MAXLEN)
+            pipe.xadd(EVENTS_KEY, event, maxlen=EVENTS_MAXLEN)  # type: ignore[arg-type]
         status = self.status(now) if status_due else None
         if status is not None:
             index, member, key, body = status

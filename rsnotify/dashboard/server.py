@@ -215,7 +215,7 @@ class Dashboard:
     async def api_snapshot(self, _: web.Request) -> web.Response:
         return web.Response(text=self.snapshot_text, content_type="application/json")
 
-    def api_part(self, key: str):  # type: ignore[no-untyped-def]
+    def api_part(self, key: str):
         async def handler(_: web.Request) -> web.Response:
             assert self.snapshot is not None
             return web.json_response(self.snapshot[key])

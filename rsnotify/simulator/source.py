@@ -67,7 +67,7 @@ from urllib.parse import urlsplit
 
 from .. import w3cdt
 from ..collection import collection_id
-from ..errors import SimulatorError
+from ..errors import SimulatorError as SimulatorError  # re-exported: its old home
 from ..model import Capability, ChangeType, Document, Entry, Link, Root, make_document
 from . import payload
 from .payload import Fixity

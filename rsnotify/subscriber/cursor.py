@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import AlreadyRunning
+from ..errors import AlreadyRunning as AlreadyRunning  # re-exported: its old home
 from ..sqlitedb import SQLiteWorker
 from ..tracker import Checkpoint
 

@@ -69,7 +69,7 @@ class RedisCursorStore:
             url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
 
-    async def _call(self, awaitable):  # type: ignore[no-untyped-def]
+    async def _call(self, awaitable):
         try:
             return await awaitable
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:

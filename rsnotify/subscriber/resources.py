@@ -36,6 +36,7 @@ database applies.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt  # for classes with a field named datetime
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
@@ -112,11 +113,11 @@ class ResourceState:
 
     loc: str
     change: ChangeType
-    datetime: datetime
+    datetime: dt.datetime
     seq: int | None
     sha256: str | None
     length: int | None
-    applied_at: datetime
+    applied_at: dt.datetime
     confirmed: bool = True
 
 
@@ -127,9 +128,9 @@ class ApplyRecord:
     id: int
     loc: str
     change: ChangeType
-    datetime: datetime
+    datetime: dt.datetime
     seq: int | None
-    applied_at: datetime
+    applied_at: dt.datetime
     sha256: str | None
     length: int | None
     outcome: str

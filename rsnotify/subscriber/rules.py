@@ -16,6 +16,7 @@ The outcomes (:class:`Outcome`) are what the apply log records.
 
 from __future__ import annotations
 
+import datetime as dt  # for classes with a field named datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,6 +29,9 @@ from ..model import ChangeType, parse_hashes
 from .mirror import FixityMismatch, PathConflict, UnsafePath
 from .resources import ResourceState
 from .trust import beyond_skew
+
+# Any (strict module): read_change takes any object with loc/change/datetime
+# attributes (model.Entry, envelope.Notification) and checks each at run time.
 
 __all__ = [
     "DONE_OUTCOMES",
@@ -99,7 +103,7 @@ class ChangeView:
 
     loc: str
     change: ChangeType
-    datetime: datetime
+    datetime: dt.datetime
     seq: int | None
     hashes: dict[str, str]
     length: int | None
@@ -116,7 +120,7 @@ class ChangeView:
     unordered: bool = False
 
     @property
-    def identity(self) -> tuple[str, datetime, ChangeType]:
+    def identity(self) -> tuple[str, dt.datetime, ChangeType]:
         return (self.loc, self.datetime, self.change)
 
 
@@ -133,7 +137,8 @@ def read_change(
     if not isinstance(loc, str) or not loc:
         raise InvalidChange(f"change without a loc: {obj!r:.200}")
     try:
-        kind = ChangeType(getattr(obj, "change", None))
+        # Whatever the object holds: a value that is no change type is the ValueError.
+        kind = ChangeType(getattr(obj, "change", None))  # type: ignore[arg-type]
     except ValueError:
         raise InvalidChange(f"{loc}: change is not created, updated or deleted") from None
     when = getattr(obj, "change_time", None)  # model.Entry: rs:md datetime, else lastmod

@@ -106,6 +106,7 @@ Content distribution (WebSub section 7, ResourceSync Change Notification 4.3)
 
 from __future__ import annotations
 
+import datetime as dt  # for classes with a field named datetime
 import enum
 import hashlib
 import hmac
@@ -120,7 +121,8 @@ import orjson
 
 from .. import envelope, framework, w3cdt
 from ..envelope import MAX_URI_CHARS
-from ..errors import RequestError, RsNotifyError
+from ..errors import RequestError as RequestError  # re-exported: its old home
+from ..errors import RsNotifyError
 from ..log import LogRecord
 
 logger = logging.getLogger("rsnotify.transport.websub")
@@ -436,12 +438,12 @@ class RenderedChange:
 
     seq: int
     fragment: bytes | None  # None: unrenderable (the hub sends a gap instead)
-    datetime: datetime | None = None
-    since: datetime | None = None
+    datetime: dt.datetime | None = None
+    since: dt.datetime | None = None
     record: LogRecord | None = None
 
     @property
-    def start(self) -> datetime | None:
+    def start(self) -> dt.datetime | None:
         return self.since if self.since is not None else self.datetime
 
 
