@@ -35,6 +35,9 @@ a remote's fault: ``FixityMismatch`` and ``UnsafePath`` are mirror errors
 caused by what a server answered; ``InvalidSubscription``, ``RequestError``
 and ``CallbackRefused`` are transport errors refusing a client's request.  A
 handler that sorts by branch therefore tests :class:`RemoteInputError` first.
+Two classes sit under the root alone: ``LogError``, a family whose members
+each name their branch (``LogUnavailable``, ``LogConflict``, ``Fenced``), and
+``AlreadyHeld``, a signal inside the subscriber that is no error at all.
 
 Every class is defined here, except the mirror's family
 (:class:`rsnotify.subscriber.mirror.MirrorError` and its subclasses,
