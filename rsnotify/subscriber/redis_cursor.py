@@ -26,6 +26,7 @@ import logging
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -69,7 +70,8 @@ class RedisCursorStore:
             url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
 
-    async def _call(self, awaitable):
+    # Any: redis-py types each asyncio command's result as "Awaitable[Any] | Any".
+    async def _call(self, awaitable: Any) -> Any:
         try:
             return await awaitable
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
