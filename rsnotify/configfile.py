@@ -15,12 +15,11 @@ from __future__ import annotations
 import functools
 import os
 import tomllib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import RsNotifyError
+from .errors import ConfigError
 
 __all__ = ["ConfigError", "ConfigFile", "Problem", "load", "positions"]
 
@@ -36,14 +35,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"
-
-
-class ConfigError(RsNotifyError):
-    """A configuration file or ``RSNOTIFY_*`` variable was refused (one line per problem)."""
-
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(str(p) for p in self.problems))
 
 
 @dataclass(slots=True)

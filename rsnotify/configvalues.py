@@ -15,16 +15,13 @@ import tomllib
 from datetime import date, datetime, time
 from typing import Any
 
+from .errors import ValueRefused
 from .options import Opt
 
 __all__ = ["TRUE", "ValueRefused", "expected", "from_env", "from_toml", "shown_env"]
 
 TRUE = frozenset({"1", "true", "yes", "on"})
 FALSE = frozenset({"0", "false", "no", "off"})
-
-
-class ValueRefused(Exception):
-    """A value failed conversion; the message says why, the caller adds where."""
 
 
 def expected(opt: Opt, *, item: bool = False) -> str:

@@ -46,6 +46,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .errors import LocalError
+
 T = TypeVar("T")
 StrPath = str | os.PathLike[str]
 Message = str | Callable[[], str]
@@ -607,7 +609,7 @@ class Service:
         return f"<{type(self).__name__} {self.url} running={self.running}>"
 
 
-class _BindFailed(Exception):
+class _BindFailed(LocalError):
     """The service could not bind its port (a race after free_port())."""
 
 

@@ -52,7 +52,13 @@ from urllib.parse import unquote, urljoin
 import aiohttp
 import yarl
 
-from .errors import DocumentTooLarge, FetchError
+from .errors import (
+    DeadlineExceeded,
+    FetchError,
+    OriginNotAllowed,
+    ResponseTooLarge,
+    UnwantedEncoding,
+)
 from .httppolicy import HttpPolicy, OriginGate, parse_retry_after, proxy_for, user_agent
 from .validators import is_strong_etag, strong_last_modified
 
@@ -81,60 +87,6 @@ _SCHEMES = frozenset({"http", "https"})
 # arriving at 100 kB/s or better is never cut by the deadline; a trickle is.
 DEADLINE_CREDIT_RATE = 100_000  # bytes per second
 _BUSY = frozenset({429, 503})  # statuses whose Retry-After is honoured (RFC 9110 10.2.3)
-
-
-class ResponseTooLarge(FetchError, DocumentTooLarge):
-    """The response body exceeded ``max_bytes``; the rest was never read."""
-
-    def __init__(self, url: str, limit: int, *, declared: int | None = None):
-        self.limit = limit
-        self.declared = declared
-        if declared is not None:
-            message = f"Content-Length {declared} exceeds the limit of {limit} bytes"
-        else:
-            message = f"response body exceeds the limit of {limit} bytes"
-        # MRO: FetchError.__init__ -> DocumentError.__init__ -> Exception, so both
-        # families' attributes (url/status and reason/line/element) are set.
-        super().__init__(url, message)
-
-
-class DeadlineExceeded(FetchError):
-    """Headers and body together took longer than the fetch deadline.
-
-    The deadline grows by one second per :data:`DEADLINE_CREDIT_RATE` bytes
-    received, so only a transfer slower than that on average is cut.
-    """
-
-    def __init__(self, url: str, deadline: float, received: int):
-        self.deadline = deadline
-        self.received = received
-        super().__init__(
-            url,
-            f"timed out: not complete within the fetch deadline of {deadline:g}s "
-            f"({received} bytes received)",
-        )
-
-
-class UnwantedEncoding(FetchError):
-    """The server encoded a body we asked for as ``identity``; refused before decoding it."""
-
-    def __init__(self, url: str, encoding: str):
-        self.encoding = encoding
-        super().__init__(
-            url,
-            f"Content-Encoding {encoding} although Accept-Encoding: identity was asked "
-            "(a compressed body of unbounded size is not decoded)",
-        )
-
-
-class OriginNotAllowed(FetchError):
-    """The URL's origin (scheme://host:port) is not in the allowed set."""
-
-    def __init__(self, url: str, origin: str, allowed: Collection[str]):
-        self.origin = origin
-        self.allowed = frozenset(allowed)
-        listed = ", ".join(sorted(self.allowed)) or "(none)"
-        super().__init__(url, f"origin {origin} is not allowed (allowed: {listed})")
 
 
 # --- pure helpers -------------------------------------------------------------

@@ -63,6 +63,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from .errors import SpareUnusable
+
 __all__ = ["SparePool", "SpareUnusable", "exchange", "fill", "unshared"]
 
 log = logging.getLogger(__name__)
@@ -153,14 +155,6 @@ def fill(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
     if os.fstat(fd).st_size > len(data):
         os.ftruncate(fd, len(data))
-
-
-class SpareUnusable(OSError):
-    """This swap cannot be done here (another filesystem, project quota, no exchange).
-
-    Raised by :meth:`SparePool.install` with the slot handed back: the
-    caller writes a fresh temp file beside the target instead.
-    """
 
 
 _UNUSABLE = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})

@@ -15,13 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import RsNotifyError
+from .errors import StoreUnavailable
 
 T = TypeVar("T")
-
-
-class StoreUnavailable(RsNotifyError):
-    """The local database could not be used (disk full, I/O error, locked)."""
 
 
 class SQLiteWorker:

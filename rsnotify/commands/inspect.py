@@ -37,6 +37,8 @@ from ..model import Document, Entry, Link
 from ..options import Options, flag, option, positional
 from ..sitemap import DEFAULT_LIMITS, DocumentReader, Lenient, Limits
 
+# Any (strict module): the JSON values printed, read from any document or entry field.
+
 NAME = "inspect"
 HELP = "read a ResourceSync document (file or URL) and describe it"
 SPOOL_BYTES = 8 << 20  # a --json listing larger than this waits in a temporary file

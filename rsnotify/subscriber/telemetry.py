@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from ..envelope import Notification
 from ..metrics import LATENCY_BUCKETS
 
+# Any (strict module): prometheus_client's labelled children, of several metric types.
+
 
 class SubscriberMetrics:
     def __init__(self, subscriber: str) -> None:

@@ -20,12 +20,6 @@ number twice (they deduplicate) but never miss one.
 
 from __future__ import annotations
 
-from ..errors import RsNotifyError
+from ..errors import InvalidBrokerURL, TransportError
 
-
-class TransportError(RsNotifyError):
-    """A push transport was misconfigured or cannot do what it was asked."""
-
-
-class InvalidBrokerURL(TransportError):
-    """A broker URL that rsnotify cannot connect to (wrong scheme, bad port, stray path)."""
+__all__ = ["InvalidBrokerURL", "TransportError"]

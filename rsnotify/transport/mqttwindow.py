@@ -27,11 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import WindowError
+
 __all__ = ["Ack", "DeliveryWindow", "Lane", "Sent", "WindowError"]
-
-
-class WindowError(RuntimeError):
-    """A driver bug: it booked past the window, or out of order on a lane."""
 
 
 @dataclass(slots=True)

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ...errors import RsNotifyError
+from ...errors import LocalError, RemoteInputError
 
 __all__ = ["FixityMismatch", "MirrorError", "PathConflict", "SymlinkInMirror", "UnsafePath"]
 
 
-class MirrorError(RsNotifyError):
+class MirrorError(LocalError):
     """The mirror could not map or store a resource (``.path`` when one is involved)."""
 
     def __init__(self, message: str, *, path: Path | str | None = None):
@@ -22,7 +22,7 @@ class MirrorError(RsNotifyError):
         super().__init__(message)
 
 
-class UnsafePath(MirrorError):
+class UnsafePath(MirrorError, RemoteInputError):
     """A ``loc`` that cannot be mapped strictly inside the mirror root."""
 
 
@@ -34,7 +34,7 @@ class PathConflict(MirrorError):
     """A file stands where a directory is needed, or a directory where a file is."""
 
 
-class FixityMismatch(MirrorError):
+class FixityMismatch(MirrorError, RemoteInputError):
     """The bytes received do not have the advertised length or hash; nothing was replaced."""
 
     def __init__(
