@@ -548,13 +548,16 @@ async def test_a_body_fetched_ahead_applies_the_newer_change_without_a_second_fe
     source.files["/v"] = b"v3"  # the Source moved on again: a fetch now gets v3
     fresh = applier.submit(env.note("/v", "updated", at(2), body=b"v2"))
     assert await stale is Outcome.SUPERSEDED
+    # The newer change starts only once the stale one is done (one loc, in order).
+    after_stale = len(source.requests)
+    assert after_stale >= tried
     assert await fresh is Outcome.APPLIED
-    assert len(source.requests) == tried  # v2 came from the body fetched for v1
+    assert len(source.requests) == after_stale  # v2 came from the bytes fetched for v1
     assert env.path("/v").read_bytes() == b"v2"
-    # Kept bytes that verify against no later change are never applied: v3's
-    # change fetches (the kept v2 fails its check first).
+    # Kept bytes never stand in for another version: v3's change gets v3 (kept
+    # from a retry of the stale change, or fetched), never the kept v2.
     assert await applier.apply(env.note("/v", "updated", at(3), body=b"v3")) is Outcome.APPLIED
-    assert env.path("/v").read_bytes() == b"v3" and len(source.requests) == tried + 1
+    assert env.path("/v").read_bytes() == b"v3"
     await assert_never_backwards(env.store)
 
 

@@ -14,11 +14,13 @@ fetches, for an old change, bytes the Source wrote for a later one.  Those
 fail the old change's fixity check, and the later change's own fetch (issued
 only after the old one is superseded) gets bytes later still: on a hot
 resource every change mismatched and the mirror froze.  A small body that
-fails its check is therefore kept (bounded: :data:`AHEAD_BODIES` bodies,
-:data:`AHEAD_BYTES` in all, oldest dropped first) and offered to the next
-change of the same ``loc`` before any request: applied only if it verifies
-against that change's own digests, it is exactly what a fetch that returned
-it would have applied.
+fails its check is therefore kept (the last :data:`AHEAD_PER_LOC` distinct
+bodies of at most :data:`AHEAD_LOCS` resources, :data:`AHEAD_BYTES` in all,
+oldest dropped first) and offered to the next change of the same ``loc``
+before any request: applied only if it verifies against that change's own
+digests, it is exactly what a fetch that returned it would have applied.
+Several per resource, because a retry can fetch bytes newer still before the
+change they belong to arrives.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from pathlib import Path
 from ..backoff import Backoff
 from ..errors import FetchError
 from ..fetch import Fetcher, check_origin
-from ..model import DIGEST_SIZES, normalize_digest
+from ..model import normalize_digest
 from .mirror import FixityMismatch, Mirror, PathConflict, UnsafePath, Written
+from .mirror.fixity import HASHLIB_NAMES
 from .rules import (
     GONE_STATUS,
     NOT_CURRENT,
@@ -48,7 +51,14 @@ from .rules import (
     path_failure,
 )
 
-__all__ = ["AHEAD_BODIES", "AHEAD_BYTES", "HELD_BODIES", "IN_MEMORY_BYTES", "Transfer"]
+__all__ = [
+    "AHEAD_BYTES",
+    "AHEAD_LOCS",
+    "AHEAD_PER_LOC",
+    "HELD_BODIES",
+    "IN_MEMORY_BYTES",
+    "Transfer",
+]
 
 log = logging.getLogger("rsnotify.subscribe")
 
@@ -60,7 +70,8 @@ HELD_BODIES = 256
 # Bodies that failed an older change's fixity check, kept for a newer change
 # of the same loc (see the module's docstring): at most this many, this many
 # bytes in all (each at most IN_MEMORY_BYTES).
-AHEAD_BODIES = 512
+AHEAD_LOCS = 512
+AHEAD_PER_LOC = 4
 AHEAD_BYTES = 32 << 20
 
 Superseded = Callable[[], bool]  # "a newer change of this loc is queued": stop trying
@@ -96,7 +107,7 @@ class Transfer:
         self.backoff_max = backoff_max
         self.slots = asyncio.Semaphore(concurrency)  # transfers at once
         self.held = asyncio.Semaphore(max(HELD_BODIES, concurrency))  # bodies and deletes waiting
-        self._ahead: OrderedDict[str, bytes] = OrderedDict()  # loc -> body fetched ahead
+        self._ahead: OrderedDict[str, list[bytes]] = OrderedDict()  # loc -> bodies, oldest first
         self._ahead_bytes = 0
         self.ahead_used = 0  # changes applied from a body fetched ahead (no request)
 
@@ -132,8 +143,10 @@ class Transfer:
         serves exactly its bytes now; a 404/410 or other bytes mean it is
         outdated (:attr:`Outcome.OUTDATED`, at once), not a failure to retry.
         """
-        # A back-dated change needs what the Source serves *now*: no body kept from before.
-        ahead = None if only_if_current else self._from_ahead(view)
+        # A back-dated change, or one checked against a provisional state, asks
+        # what the Source serves *now*: no body kept from before answers that.
+        now_only = only_if_current or unless_sha256 is not None
+        ahead = None if now_only else self._from_ahead(view)
         if ahead is not None:
             try:
                 written = await self._write_small(view, path, ahead, unless_sha256)
@@ -277,26 +290,47 @@ class Transfer:
             raise
 
     def _keep_ahead(self, loc: str, data: bytes) -> None:
-        old = self._ahead.pop(loc, None)
-        if old is not None:
-            self._ahead_bytes -= len(old)
-        self._ahead[loc] = data
-        self._ahead_bytes += len(data)
-        while len(self._ahead) > AHEAD_BODIES or self._ahead_bytes > AHEAD_BYTES:
+        kept = self._ahead.pop(loc, [])
+        if data in kept:
+            kept.remove(data)
+        else:
+            self._ahead_bytes += len(data)
+        kept.append(data)
+        while len(kept) > AHEAD_PER_LOC:
+            self._ahead_bytes -= len(kept.pop(0))
+        self._ahead[loc] = kept
+        while len(self._ahead) > AHEAD_LOCS or self._ahead_bytes > AHEAD_BYTES:
             _, dropped = self._ahead.popitem(last=False)
-            self._ahead_bytes -= len(dropped)
+            self._ahead_bytes -= sum(map(len, dropped))
 
     def _from_ahead(self, view: ChangeView) -> bytes | None:
-        """The body kept for ``view.loc``, if the change has a digest it can be checked by.
+        """A body kept for ``view.loc`` with the change's length and one of its digests.
 
-        A length alone could pass bytes of another version: without a digest
-        of a known algorithm the kept body is not offered (a fetch decides).
+        The digest is checked here (one known algorithm, bodies are small) to
+        pick among the kept bodies; the mirror's write checks them all.  A
+        length alone could pass bytes of another version: without a digest of
+        a known algorithm nothing kept is offered (a fetch decides).
         """
-        if view.loc not in self._ahead or not any(
-            algo.lower() in DIGEST_SIZES and normalize_digest(algo.lower(), digest) is not None
-            for algo, digest in view.hashes.items()
-        ):
+        kept = self._ahead.get(view.loc)
+        if not kept:
             return None
-        data = self._ahead.pop(view.loc)
-        self._ahead_bytes -= len(data)
-        return data
+        check = None
+        for algo, digest in view.hashes.items():
+            algo = algo.lower()
+            normal = normalize_digest(algo, digest) if algo in HASHLIB_NAMES else None
+            if normal is not None:
+                check = (HASHLIB_NAMES[algo], normal)
+                break
+        if check is None:
+            return None
+        name, want = check
+        for data in kept:
+            if view.length is not None and len(data) != view.length:
+                continue
+            if hashlib.new(name, data).hexdigest() == want:
+                kept.remove(data)
+                self._ahead_bytes -= len(data)
+                if not kept:
+                    del self._ahead[view.loc]
+                return data
+        return None
