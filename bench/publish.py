@@ -1735,9 +1735,9 @@ def main(argv: list[str] | None = None) -> int:
         "source": source_digest(
             "bench/publish.py",
             "rsnotify/publisher/service.py",
-            "rsnotify/publisher/watcher.py",
-            "rsnotify/publisher/access.py",
-            "rsnotify/publisher/incremental.py",
+            "rsnotify/changes/watcher.py",
+            "rsnotify/changes/access.py",
+            "rsnotify/changes/incremental.py",
             "rsnotify/transport/mqtt.py",
             "rsnotify/transport/ws.py",
             "rsnotify/log/redis_log.py",

@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 
 from .. import discovery, framework, sitemap, w3cdt
 from ..backoff import Backoff
+from ..changes.access import DirectoryAccess, DocumentAccess, HttpAccess
+from ..changes.watcher import CollectionWatcher
 from ..collection import collection_id
 from ..envelope import Notification, to_json
 from ..errors import DocumentError, FetchError, RsNotifyError, listening
@@ -45,9 +47,7 @@ from ..outbound import Renderer, Signer
 from ..report import PublisherReporter
 from ..tracker import Checkpoint, Detection
 from . import fswatch
-from .access import DirectoryAccess, DocumentAccess, HttpAccess
 from .frameworkwatch import FrameworkState, FrameworkWatcher
-from .watcher import CollectionWatcher
 
 log = logging.getLogger("rsnotify.publish")
 T = TypeVar("T")

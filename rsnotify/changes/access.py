@@ -1,4 +1,4 @@
-"""How the publisher reads a Source's documents: over HTTP, or from a directory.
+"""How rsnotify reads a Source's documents: over HTTP, or from a directory.
 
 Both answer the same three questions: the whole document (or "not modified"
 against the validators we hold), and the bytes from an offset on (a Range
