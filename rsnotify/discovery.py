@@ -49,13 +49,14 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
+from typing import TYPE_CHECKING
 from urllib.parse import urldefrag, urljoin, urlsplit
 
 from .errors import DiscoveryError, DocumentError, FetchError
-from .fetch import DEFAULT_MAX_BYTES, Fetcher, has_rel, parse_link_header
+from .links import has_rel, parse_link_header
 from .model import (
     CapabilityList,
     Document,
@@ -63,7 +64,10 @@ from .model import (
     SourceDescription,
     SourceDescriptionIndex,
 )
-from .sitemap import DocumentReader, Limits
+from .sitemap import MAX_DOCUMENT_BYTES, DocumentReader, Limits
+
+if TYPE_CHECKING:  # the HTTP client is the caller's; discovery itself needs none
+    from .fetch import Fetcher
 
 __all__ = [
     "WELL_KNOWN_PATH",
@@ -71,12 +75,15 @@ __all__ = [
     "CapabilityListInfo",
     "Discoverer",
     "DiscoveryMachine",
+    "Read",
     "Request",
+    "Response",
     "Role",
     "SourceInfo",
     "Via",
     "classify",
     "discover",
+    "drive",
     "framework_channels",
     "links_from_headers",
     "links_from_html",
@@ -348,7 +355,7 @@ def classify(document: Document) -> Role:
     return Role.BELOW_CAPABILITY_LIST
 
 
-def read_document(body: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Document:
+def read_document(body: bytes, *, max_bytes: int = MAX_DOCUMENT_BYTES) -> Document:
     """Parse a ResourceSync document for discovery, or raise a DocumentError.
 
     Only the header is read for documents below a Capability List (discovery
@@ -381,7 +388,7 @@ class Request:
     url: str
     via: Via
     hops: int = 0
-    max_bytes: int = DEFAULT_MAX_BYTES
+    max_bytes: int = MAX_DOCUMENT_BYTES
 
 
 class DiscoveryMachine:
@@ -400,7 +407,7 @@ class DiscoveryMachine:
         *,
         max_hops: int = 4,
         max_fetches: int = 64,
-        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_bytes: int = MAX_DOCUMENT_BYTES,
     ):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -576,7 +583,38 @@ def _charset(headers: Mapping[str, str]) -> str | None:
     return None
 
 
-# --- the I/O adapter -------------------------------------------------------------
+# --- the I/O adapters ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A 2xx answer to a :class:`Request`: URL after redirects, headers (lower-case), body."""
+
+    final_url: str
+    headers: Mapping[str, str]
+    body: bytes
+
+
+#: Reads one :class:`Request`; raises :class:`~rsnotify.errors.FetchError` when it cannot.
+Read = Callable[[Request], Awaitable[Response]]
+
+
+async def drive(machine: DiscoveryMachine, read: Read) -> SourceInfo:
+    """Run ``machine`` to its result, reading each request with ``read``.
+
+    The one discovery loop: over HTTP (:class:`Discoverer`) or over any other
+    way of reading the Source's documents (the publisher's local directory).
+    """
+    while (request := machine.next_request()) is not None:
+        try:
+            response = await read(request)
+        except FetchError as exc:
+            machine.fail(request, _reason(exc))
+            continue
+        machine.receive(
+            request, final_url=response.final_url, headers=response.headers, body=response.body
+        )
+    return machine.result()
 
 
 class Discoverer:
@@ -588,7 +626,7 @@ class Discoverer:
         *,
         max_hops: int = 4,
         max_fetches: int = 64,
-        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_bytes: int = MAX_DOCUMENT_BYTES,
         timeout: float = 30.0,
     ):
         self.fetcher = fetcher
@@ -601,18 +639,13 @@ class Discoverer:
         machine = DiscoveryMachine(
             url, max_hops=self.max_hops, max_fetches=self.max_fetches, max_bytes=self.max_bytes
         )
-        while (request := machine.next_request()) is not None:
-            try:
-                response = await self.fetcher.get(
-                    request.url, max_bytes=request.max_bytes, timeout=self.timeout
-                )
-            except FetchError as exc:
-                machine.fail(request, _reason(exc))
-                continue
-            machine.receive(
-                request, final_url=response.final_url, headers=response.headers, body=response.body
-            )
-        return machine.result()
+        return await drive(machine, self._read)
+
+    async def _read(self, request: Request) -> Response:
+        response = await self.fetcher.get(
+            request.url, max_bytes=request.max_bytes, timeout=self.timeout
+        )
+        return Response(response.final_url, response.headers, response.body)
 
 
 async def discover(
@@ -621,7 +654,7 @@ async def discover(
     *,
     max_hops: int = 4,
     max_fetches: int = 64,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_bytes: int = MAX_DOCUMENT_BYTES,
     timeout: float = 30.0,
 ) -> SourceInfo:
     """Discover the Capability Lists reachable from ``url``; see :class:`Discoverer`."""
