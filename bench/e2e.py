@@ -1164,6 +1164,8 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_after": list(os.getloadavg()),
             "source": source_digest(
                 "rsnotify/publisher/service.py",
+                "rsnotify/publisher/sequencer.py",
+                "rsnotify/publisher/detection.py",
                 "rsnotify/changes/watcher.py",
                 "rsnotify/transport/mqtt.py",
                 "rsnotify/subscriber/sync.py",

@@ -1735,6 +1735,9 @@ def main(argv: list[str] | None = None) -> int:
         "source": source_digest(
             "bench/publish.py",
             "rsnotify/publisher/service.py",
+            "rsnotify/publisher/sequencer.py",
+            "rsnotify/publisher/detection.py",
+            "rsnotify/publisher/transports.py",
             "rsnotify/changes/watcher.py",
             "rsnotify/changes/access.py",
             "rsnotify/changes/incremental.py",
