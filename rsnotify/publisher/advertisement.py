@@ -26,7 +26,7 @@ from typing import Protocol
 
 from .. import framework, sitemap
 from ..changes.access import DirectoryAccess
-from ..discovery import CHANNEL_REL, PUSH_SCHEMES
+from ..discovery.channels import CHANNEL_REL, PUSH_SCHEMES
 from ..envelope import FRAMEWORK_CAPABILITY, NOTIFICATION_CAPABILITY, OBSOLETE_CAPABILITY
 from ..model import Document, Entry, Link
 from .config import PublisherConfig

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..discovery import CHANNEL_REL
+from ..discovery.channels import CHANNEL_REL
 from .advertisement import Advertisement
 
 PREFIX = "rsnotify publish:"

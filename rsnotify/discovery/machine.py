@@ -1,48 +1,11 @@
-"""Find a Source's Capability Lists, and their push hubs, from any URL (Z39.99 section 6.3).
+"""Discovery as a sans-I/O state machine, and the loop that drives it.
 
-A Destination may know only a Source's base URL, a Source Description, a
-Capability List, or some resource of the Source.  The specification gives
-three ways in, all handled here:
-
-* Source-wide (6.3.2): the Source Description at the well-known URI
-  ``/.well-known/resourcesync`` (RFC 5785) enumerates the Capability Lists.
-* Resource-specific (6.3.3): a resource links to the Capability List that
-  covers it with an HTTP ``Link: <...>; rel="resourcesync"`` header or an HTML
-  ``<link rel="resourcesync" href="...">``.
-* robots.txt (6.3.4): a ``Sitemap:`` directive names a Resource List; its
-  ``up`` link leads to the Capability List, whose ``up`` leads to the Source
-  Description.
-
-The order is: read the given URL (it may itself be a ResourceSync document, or
-carry a resource-specific link), and only when that yields no Capability List
-fall back to the well-known URI of its origin, then to its robots.txt.  What
-the given URL says is the most specific answer, so it wins.
-
-The logic is a sans-I/O state machine, :class:`DiscoveryMachine`: it says
-which URL to fetch next and is told what came back, so every rule is
-testable without a network and the async :class:`Discoverer` is a dozen
-lines of I/O.  Loops are impossible by construction: no URL is fetched twice,
-``up`` chains are capped (``max_hops``) and so is the total number of fetches.
-Bodies are parsed only with :mod:`rsnotify.sitemap` (no DTDs, no entities, no
-network) and :mod:`html.parser` (no network, stops at ``<body>``).
-
-Every Capability List found is returned with its capabilities and its push
-channels:
-
-* WebSub channels as Change Notification 1.0.1 section 5 (Example 7)
-  advertises them: a ``<url>`` whose ``<loc>`` is the topic, with ``rs:md
-  capability="change-notification"`` and ``rs:ln rel="hub"`` to the hub
-  (:func:`websub_channels`; the 1.0 draft's ``changelist-notification`` is
-  read too);
-* Framework Notification channels the same way (its section 5, Example 8:
-  ``capability="framework-notification"``; :func:`framework_channels`): a
-  topic of its own, never taken for a change channel;
-* rsnotify's MQTT and WebSocket channels as document-level ``rs:ln
-  rel="urn:x-rsnotify:channel"`` links (:data:`CHANNEL_REL`): an extension
-  relation type (RFC 8288 section 2.1.2), which a Destination following
-  the standard ignores, since section 5 reserves ``rel="hub"`` for WebSub
-  hubs; the older top-level ``rel="hub"`` form with an ``mqtt(s)://`` or
-  ``ws(s)://`` URL is still read (:func:`push_channels`).
+:class:`DiscoveryMachine` says which URL to fetch next and is told what came
+back, so every rule is testable without a network; :func:`drive` runs it with
+any reader (:class:`Discoverer` reads over HTTP, the publisher reads a
+directory Source's files).  Loops are impossible by construction: no URL is
+fetched twice, ``up`` chains are capped (``max_hops``) and so is the total
+number of fetches.
 """
 
 from __future__ import annotations
@@ -51,62 +14,42 @@ import enum
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from html.parser import HTMLParser
 from typing import TYPE_CHECKING
 from urllib.parse import urldefrag, urljoin, urlsplit
 
-from .errors import DiscoveryError, DocumentError, FetchError
-from .links import has_rel, parse_link_header
-from .model import (
-    CapabilityList,
-    Document,
-    Link,
-    SourceDescription,
-    SourceDescriptionIndex,
+from ..errors import DiscoveryError, DocumentError, FetchError
+from ..model import CapabilityList, Document, SourceDescription
+from ..sitemap import MAX_DOCUMENT_BYTES
+from .channels import CapabilityListInfo
+from .pages import (
+    ROBOTS_MAX_BYTES,
+    Role,
+    charset,
+    classify,
+    links_from_headers,
+    links_from_html,
+    looks_like_html,
+    read_document,
+    robots_url,
+    sitemaps_from_robots,
+    well_known_url,
 )
-from .sitemap import MAX_DOCUMENT_BYTES, DocumentReader, Limits
 
 if TYPE_CHECKING:  # the HTTP client is the caller's; discovery itself needs none
-    from .fetch import Fetcher
+    from ..fetch import Fetcher
 
 __all__ = [
-    "WELL_KNOWN_PATH",
     "Attempt",
-    "CapabilityListInfo",
     "Discoverer",
     "DiscoveryMachine",
     "Read",
     "Request",
     "Response",
-    "Role",
     "SourceInfo",
     "Via",
-    "classify",
     "discover",
     "drive",
-    "framework_channels",
-    "links_from_headers",
-    "links_from_html",
-    "push_channels",
-    "read_document",
-    "robots_url",
-    "sitemaps_from_robots",
-    "websub_channels",
-    "well_known_url",
 ]
-
-WELL_KNOWN_PATH = "/.well-known/resourcesync"
-#: rsnotify's MQTT/WebSocket channels in a Capability List (an extension relation type).
-CHANNEL_REL = "urn:x-rsnotify:channel"
-NOTIFICATION_CAPABILITIES = ("change-notification", "changelist-notification")
-FRAMEWORK_CAPABILITIES = ("framework-notification",)
-PUSH_SCHEMES = ("mqtt", "mqtts", "ws", "wss")
-RESOURCESYNC_REL = "resourcesync"
-ROBOTS_MAX_BYTES = 512 * 1024  # Google's robots.txt limit is 500 KiB; anything bigger is not one
-_HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
-
-
-# --- results ------------------------------------------------------------------
 
 
 class Via(enum.StrEnum):
@@ -136,62 +79,6 @@ class Attempt:
 
 
 @dataclass(slots=True)
-class CapabilityListInfo:
-    """A Capability List found, with what a Destination needs from it."""
-
-    url: str
-    document: CapabilityList
-    capabilities: dict[str, str]
-    hubs: list[Link]
-
-    @classmethod
-    def from_document(cls, url: str, document: CapabilityList) -> CapabilityListInfo:
-        return cls(
-            url=url, document=document, capabilities=document.capabilities, hubs=document.hubs
-        )
-
-    @property
-    def websub(self) -> list[tuple[str, str]]:
-        """(topic, hub) of each advertised WebSub channel (Change Notification section 5)."""
-        return websub_channels(self.document)
-
-    @property
-    def framework(self) -> list[tuple[str, str]]:
-        """(topic, hub) of each advertised Framework Notification channel (its section 5)."""
-        return framework_channels(self.document)
-
-    @property
-    def channels(self) -> list[str]:
-        """rsnotify's MQTT and WebSocket channel URLs."""
-        return push_channels(self.document)
-
-
-def websub_channels(
-    document: Document, capabilities: tuple[str, ...] = NOTIFICATION_CAPABILITIES
-) -> list[tuple[str, str]]:
-    """(topic, hub) pairs a Capability List advertises as section 5 and Example 7 show."""
-    out = []
-    for entry in document.entries:
-        if entry.capability in capabilities:
-            hubs = [link.href for link in entry.links if link.rel == "hub"]
-            if hubs and urlsplit(hubs[0]).scheme in ("http", "https"):
-                out.append((entry.loc, hubs[0]))
-    return out
-
-
-def framework_channels(document: Document) -> list[tuple[str, str]]:
-    """(topic, hub) of the Framework Notification channels (its section 5, Example 8)."""
-    return websub_channels(document, FRAMEWORK_CAPABILITIES)
-
-
-def push_channels(document: Document) -> list[str]:
-    """rsnotify's MQTT/WebSocket channels: ``rel="urn:x-rsnotify:channel"``, then the old form."""
-    links = [ln.href for ln in document.links_with(CHANNEL_REL)]
-    links += [ln.href for ln in document.links_with("hub") if ln.href not in links]
-    return [href for href in links if urlsplit(href).scheme in PUSH_SCHEMES]
-
-
-@dataclass(slots=True)
 class SourceInfo:
     """What discovery found.
 
@@ -207,175 +94,6 @@ class SourceInfo:
 
     def capability_list(self, url: str) -> CapabilityListInfo | None:
         return next((info for info in self.capability_lists if info.url == url), None)
-
-
-# --- pure helpers ---------------------------------------------------------------
-
-
-def well_known_url(url: str) -> str:
-    """The Source Description's well-known URI on ``url``'s origin."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}{WELL_KNOWN_PATH}"
-
-
-def robots_url(url: str) -> str:
-    """``/robots.txt`` on ``url``'s origin."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}/robots.txt"
-
-
-def links_from_headers(
-    headers: Mapping[str, str], url: str, rel: str = RESOURCESYNC_REL
-) -> list[str]:
-    """Targets of ``Link`` headers with relation ``rel``, resolved against ``url``.
-
-    ``headers`` maps names to values; repeated ``Link`` headers must be joined
-    with commas (as :class:`rsnotify.fetch.FetchResult` does).  Links whose
-    ``anchor`` names another resource are about that resource, not this one,
-    and are ignored (RFC 8288 section 3.2).
-    """
-    found: list[str] = []
-    base = urldefrag(url).url
-    for name, value in headers.items():
-        if name.lower() != "link":
-            continue
-        for target, params in parse_link_header(value):
-            if not has_rel(params, rel):
-                continue
-            anchor = params.get("anchor")
-            if anchor is not None and urldefrag(urljoin(url, anchor)).url != base:
-                continue
-            _add(found, urljoin(url, target))
-    return found
-
-
-class _LinkCollector(HTMLParser):
-    """Collects ``<base href>`` and ``<link rel=... href=...>`` up to ``<body>``."""
-
-    def __init__(self, rel: str):
-        super().__init__(convert_charrefs=True)
-        self.rel = rel.lower()
-        self.base: str | None = None
-        self.hrefs: list[str] = []
-        self.done = False
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if self.done:
-            return
-        if tag == "body":
-            self.done = True
-            return
-        values = {name: value or "" for name, value in attrs}
-        if tag == "base" and self.base is None and values.get("href"):
-            self.base = values["href"].strip()
-        elif tag == "link" and self.rel in values.get("rel", "").lower().split():
-            href = values.get("href", "").strip()
-            if href:
-                self.hrefs.append(href)
-
-
-def links_from_html(
-    body: bytes,
-    url: str,
-    rel: str = RESOURCESYNC_REL,
-    *,
-    encoding: str | None = None,
-    chunk_size: int = 65536,
-) -> list[str]:
-    """``<link rel="resourcesync">`` targets of an HTML page, resolved like a browser would.
-
-    Relative hrefs resolve against ``<base href>`` (itself resolved against
-    ``url``) when the page has one.  The links belong in ``<head>``, so parsing
-    stops at ``<body>``: a large page costs only its head.  Undecodable bytes
-    are replaced; URLs are ASCII in practice.
-    """
-    text = _decode(body, encoding)
-    collector = _LinkCollector(rel)
-    for start in range(0, len(text), chunk_size):
-        collector.feed(text[start : start + chunk_size])
-        if collector.done:
-            break
-    base = urljoin(url, collector.base) if collector.base else url
-    found: list[str] = []
-    for href in collector.hrefs:
-        _add(found, urljoin(base, href))
-    return found
-
-
-def sitemaps_from_robots(body: bytes, url: str) -> list[str]:
-    """``Sitemap:`` directives of a robots.txt, in order, without duplicates.
-
-    The directive is case-insensitive and independent of ``User-agent``
-    groups; ``#`` starts a comment.  Values should be absolute, but relative
-    ones are resolved against ``url`` rather than dropped.
-    """
-    found: list[str] = []
-    for line in _decode(body, None).splitlines():
-        content = line.split("#", 1)[0]
-        name, sep, value = content.partition(":")
-        if sep and name.strip().lower() == "sitemap" and value.strip():
-            _add(found, urljoin(url, value.strip()))
-    return found
-
-
-def _decode(body: bytes, encoding: str | None) -> str:
-    if encoding:
-        try:
-            return body.decode(encoding, errors="replace")
-        except LookupError:
-            pass
-    try:
-        return body.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        return body.decode("latin-1")
-
-
-def _add(found: list[str], url: str) -> None:
-    if url not in found:
-        found.append(url)
-
-
-class Role(enum.Enum):
-    """Where a document sits in the hierarchy of Figure 4, seen from discovery."""
-
-    SOURCE_DESCRIPTION = "Source Description"
-    SOURCE_DESCRIPTION_INDEX = "Source Description Index"
-    CAPABILITY_LIST = "Capability List"
-    BELOW_CAPABILITY_LIST = "document below a Capability List"
-
-
-def classify(document: Document) -> Role:
-    """What discovery does with a document: descend (Source Description), stop, or go up."""
-    if isinstance(document, SourceDescription):
-        return Role.SOURCE_DESCRIPTION
-    if isinstance(document, SourceDescriptionIndex):
-        return Role.SOURCE_DESCRIPTION_INDEX
-    if isinstance(document, CapabilityList):
-        return Role.CAPABILITY_LIST
-    return Role.BELOW_CAPABILITY_LIST
-
-
-def read_document(body: bytes, *, max_bytes: int = MAX_DOCUMENT_BYTES) -> Document:
-    """Parse a ResourceSync document for discovery, or raise a DocumentError.
-
-    Only the header is read for documents below a Capability List (discovery
-    needs their ``up`` link, not their possibly 50,000 entries), and order is
-    not checked: discovery is not the place to reject a sloppy Change List.
-    """
-    reader = DocumentReader(bytes(body), limits=Limits(max_bytes=max_bytes), allow_unordered=True)
-    document = reader.header
-    if classify(document) is not Role.BELOW_CAPABILITY_LIST:
-        document.entries = list(reader)
-    return document
-
-
-def _looks_like_html(content_type: str, body: bytes) -> bool:
-    if content_type in _HTML_TYPES:
-        return True
-    if content_type and content_type not in ("text/plain", "application/octet-stream"):
-        return False
-    head = body[:512].lstrip(b"\xef\xbb\xbf \t\r\n").lower()
-    return head.startswith((b"<!doctype html", b"<html"))
 
 
 # --- the state machine ------------------------------------------------------------
@@ -517,8 +235,8 @@ class DiscoveryMachine:
         from_header = links_from_headers(headers, final_url)
         content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         from_html: list[str] = []
-        if _looks_like_html(content_type, body):
-            from_html = links_from_html(body, final_url, encoding=_charset(headers))
+        if looks_like_html(content_type, body):
+            from_html = links_from_html(body, final_url, encoding=charset(headers))
         if not from_header and not from_html:
             self._note(
                 request,
@@ -573,14 +291,6 @@ class DiscoveryMachine:
         relation = "up" if document.up else "index"
         self._note(request, f"{what}, following its {relation} link")
         self._follow(Via.UP, request.hops + 1, [urljoin(final_url, target)])
-
-
-def _charset(headers: Mapping[str, str]) -> str | None:
-    for param in headers.get("content-type", "").split(";")[1:]:
-        name, _, value = param.partition("=")
-        if name.strip().lower() == "charset":
-            return value.strip().strip('"') or None
-    return None
 
 
 # --- the I/O adapters ------------------------------------------------------------
