@@ -40,7 +40,8 @@ Channel = tuple[str, str]
 class Hub(Protocol):
     """What advertising needs of a running WebSub hub."""
 
-    url: str
+    @property
+    def url(self) -> str: ...
 
     def topic(self, collection: str) -> str: ...
 

@@ -28,7 +28,7 @@ import logging
 import signal
 import sqlite3
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..backoff import Backoff
 from ..changes.access import DirectoryAccess, DocumentAccess, HttpAccess
@@ -57,6 +57,12 @@ from .transports import (
     websub_transport,
     ws_transport,
 )
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from ..transport.websub import WebSubHub
+    from .leader import LeaderElection, Leadership
 
 __all__ = ["Publisher", "PublisherConfig", "Role", "run"]
 
@@ -116,12 +122,12 @@ class Publisher:
         self._tasks = TaskGroup()  # the process's: telemetry, the election, the directory watch
         self._served: list[Transport] = []  # every instance's: WebSocket, WebSub without --ha
         self._term: _Term | None = None  # the leader's work, while leading
-        self._metrics_runner: Any = None
+        self._metrics_runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
         self.ws_port: int | None = None
         self._fswatch: fswatch.DirectoryWatch | None = None
         self.healthy = True  # False while detection keeps failing (/healthz, the dashboard)
-        self._election: Any = None
+        self._election: LeaderElection | None = None
         self.is_leader = False
 
     # -- what runs -------------------------------------------------------------------
@@ -136,7 +142,7 @@ class Publisher:
         return [transport.name for transport in self._running()]
 
     @property
-    def websub(self) -> Any:
+    def websub(self) -> WebSubHub | None:
         """The WebSub hub this process runs (with ``--ha``: on the leader), or None."""
         for transport in self._running():
             if isinstance(transport, WebSubTransport):
@@ -205,9 +211,10 @@ class Publisher:
         if config.ha:
             from .leader import LeaderElection
 
+            assert config.redis is not None  # role_of: --ha has --redis
             group = config.ha_group or collection_id(config.source)
             self._election = LeaderElection(
-                config.redis,  # type: ignore[arg-type]  # role_of: --ha has --redis
+                config.redis,
                 # The pushers of a split deployment elect their own leader: one
                 # sharing the detecting publishers' group could win their lease
                 # and stop detection.
@@ -248,7 +255,7 @@ class Publisher:
 
     # -- leading ---------------------------------------------------------------------
 
-    async def _on_elected(self, leadership: Any) -> None:
+    async def _on_elected(self, leadership: Leadership) -> None:
         assert self.sequencer is not None
         self.sequencer.fence = leadership.token
         self.is_leader = True

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..cancellation import raise_if_cancelled
@@ -233,7 +233,7 @@ def websub_transport(
     *,
     signer: Signer | None,
     changelists: Mapping[str, str],
-    on_publish: Any,
+    on_publish: Callable[[str], None],
 ) -> WebSubTransport:
     """The hub serves from the log too (subscriptions: Redis or --state-dir)."""
     from ..transport.websub import WebSubHub
