@@ -16,10 +16,8 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import FetchError, TooManyEntries
 from ..fetch import Fetcher, FetchStream
-from ..sitemap import MAX_ENTRIES_PER_DOCUMENT
+from ..sitemap import MAX_DOCUMENT_BYTES, MAX_ENTRIES_PER_DOCUMENT
 from .incremental import EntryCounter
-
-MAX_DOCUMENT_BYTES = 50_000_000
 
 
 @dataclass(frozen=True, slots=True)
