@@ -20,6 +20,7 @@ from rsnotify.model import CapabilityList, Entry, Link, Root
 from rsnotify.publisher.advertisement import Advertisement, with_channels
 from rsnotify.publisher.config import PublisherConfig, Role, role_of
 from rsnotify.publisher.console import running_lines
+from rsnotify.publisher.service import LeaderTerm
 from rsnotify.publisher.tasks import TaskGroup
 
 REDIS = "redis://127.0.0.1:6379/0"
@@ -215,3 +216,71 @@ async def test_drive_notes_what_a_reader_could_not_read_and_runs_to_the_result()
         (discovery.Via.ROBOTS, "no such file"),
     ]
     assert "no ResourceSync Capability List found" in str(raised.value)
+
+
+# -- a leadership term's order of stopping ----------------------------------------------
+
+
+class _Recorder:
+    """A transport that notes when it starts, stops and when its loop ends."""
+
+    def __init__(self, name: str, events: list[str]) -> None:
+        self.name = name
+        self.events = events
+
+    async def start(self, tasks: TaskGroup) -> None:
+        self.events.append(f"start {self.name}")
+
+        async def loop() -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.events.append(f"loop of {self.name} ended")
+
+        tasks.spawn(loop())
+
+    async def stop(self) -> None:
+        self.events.append(f"stop {self.name}")
+
+
+async def _term_with_detection(events: list[str]) -> LeaderTerm:
+    term = LeaderTerm()
+
+    async def detect() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            events.append("detection ended")
+
+    term.detection.spawn(detect())
+    await term.start(_Recorder("mqtt", events))
+    await term.start(_Recorder("websub-hub", events))
+    await asyncio.sleep(0)  # let the loops start
+    return term
+
+
+async def test_a_clean_stop_ends_detection_then_stops_transports_in_reverse_then_loops() -> None:
+    events: list[str] = []
+    term = await _term_with_detection(events)
+    await term.stop(drain=True)
+    assert events[2:] == [
+        "detection ended",
+        "stop websub-hub",
+        "stop mqtt",
+        "loop of mqtt ended",
+        "loop of websub-hub ended",
+    ]
+    assert term.transports == []
+
+
+async def test_a_deposed_leader_ends_the_loops_before_stopping_the_transports() -> None:
+    events: list[str] = []
+    term = await _term_with_detection(events)
+    await term.stop(drain=False)
+    assert events[2:] == [
+        "detection ended",
+        "loop of mqtt ended",
+        "loop of websub-hub ended",
+        "stop websub-hub",
+        "stop mqtt",
+    ]

@@ -14,7 +14,7 @@ The pieces, each in its own module:
 
 This module only wires them: what runs on every instance (the WebSocket
 gateway; the WebSub hub without ``--ha``), what runs on the leader alone (a
-:class:`_Term`: detection, the MQTT push, the hand-over to another hub; the
+:class:`LeaderTerm`: detection, the MQTT push, the hand-over to another hub; the
 WebSub hub with ``--ha``), and the order things stop in.  Everything that
 can fail transiently (the Source, Redis, the broker) is retried with backoff
 and jitter; nothing here exits on a network error.
@@ -77,7 +77,7 @@ async def _stop_all(transports: list[Transport]) -> None:
             await transport.stop()
 
 
-class _Term:
+class LeaderTerm:
     """The leader's work for one term (the whole run without ``--ha``).
 
     Detection stops first, so nothing new is logged while the transports
@@ -121,7 +121,7 @@ class Publisher:
         self._stopping = asyncio.Event()
         self._tasks = TaskGroup()  # the process's: telemetry, the election, the directory watch
         self._served: list[Transport] = []  # every instance's: WebSocket, WebSub without --ha
-        self._term: _Term | None = None  # the leader's work, while leading
+        self._term: LeaderTerm | None = None  # the leader's work, while leading
         self._metrics_runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
         self.ws_port: int | None = None
@@ -279,7 +279,7 @@ class Publisher:
         if self._stopping.is_set():
             return  # elected while stopping
         self.is_leader = True
-        term = self._term = _Term()
+        term = self._term = LeaderTerm()
         mqtt = None
         if config.mqtt:
             mqtt = mqtt_transport(
@@ -322,7 +322,7 @@ class Publisher:
             self.sequencer.keep_retention(self.collections, self._stopping), name="retention"
         )
 
-    async def _lead_websub(self, term: _Term) -> None:
+    async def _lead_websub(self, term: LeaderTerm) -> None:
         """``--ha``: the leader runs the hub; the port may still be the old leader's a moment."""
         backoff = Backoff(initial=0.1, maximum=2.0)
         while not self._stopping.is_set():
@@ -338,7 +338,7 @@ class Publisher:
         log.info("leading: WebSub hub at %s", self.websub.url if self.websub else "?")
         await self._start_hub_pusher(term)
 
-    async def _start_hub_pusher(self, term: _Term) -> None:
+    async def _start_hub_pusher(self, term: LeaderTerm) -> None:
         """``--websub-hub``: hand every notification to a hub run by others (leader only)."""
         config = self.config
         hub = self.websub
