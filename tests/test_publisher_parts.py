@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from rsnotify.model import CapabilityList, Entry, Link, Root
 from rsnotify.publisher.advertisement import Advertisement, with_channels
 from rsnotify.publisher.config import PublisherConfig, Role, role_of
 from rsnotify.publisher.console import running_lines
-from rsnotify.publisher.service import LeaderTerm
+from rsnotify.publisher.service import LeaderTerm, Publisher
 from rsnotify.publisher.tasks import TaskGroup
 
 REDIS = "redis://127.0.0.1:6379/0"
@@ -284,3 +285,14 @@ async def test_a_deposed_leader_ends_the_loops_before_stopping_the_transports() 
         "stop websub-hub",
         "stop mqtt",
     ]
+
+
+async def test_a_refused_role_stops_start_before_anything_opens(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    publisher = Publisher(
+        PublisherConfig(source="http://s.test/", state_dir=str(state), ha=True)  # no --redis
+    )
+    with pytest.raises(RsNotifyError, match="--ha elects a leader through Redis"):
+        await publisher.start()
+    assert publisher.log is None and not state.exists(), "the log was opened"
+    await publisher.stop()  # what `rsnotify publish` does after a refused start
