@@ -1164,7 +1164,9 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_after": list(os.getloadavg()),
             "source": source_digest(
                 "rsnotify/publisher/service.py",
-                "rsnotify/publisher/watcher.py",
+                "rsnotify/publisher/sequencer.py",
+                "rsnotify/publisher/detection.py",
+                "rsnotify/changes/watcher.py",
                 "rsnotify/transport/mqtt.py",
                 "rsnotify/subscriber/sync.py",
                 "rsnotify/subscriber/applier.py",

@@ -504,7 +504,7 @@ class PublisherReporter(_Writer):
             "started": self.started,
             "interval": self.interval,
             "stopped": self._stopped,
-            "healthy": bool(getattr(publisher, "_healthy", True)),
+            "healthy": bool(getattr(publisher, "healthy", True)),
             "transports": transports,
             "collections": {
                 cid: {"head": c.head, "capabilitylist": c.capability_list}

@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 
 from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
+from ..changes.access import HttpAccess
+from ..changes.watcher import CollectionWatcher
 from ..collection import collection_id
 from ..envelope import Notification
 from ..errors import RsNotifyError, listening
@@ -30,8 +32,6 @@ from ..fetch import Fetcher, origin_of
 from ..httppolicy import HttpPolicy
 from ..metrics import metrics_app, serve
 from ..model import Capability
-from ..publisher.access import HttpAccess
-from ..publisher.watcher import CollectionWatcher
 from ..report import SubscriberReporter
 from ..tracker import Checkpoint
 from ..transport.topics import prefix_of

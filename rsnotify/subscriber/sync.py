@@ -52,10 +52,10 @@ from typing import Any, cast
 
 from .. import envelope, framework
 from ..backoff import Backoff
+from ..changes.watcher import CollectionWatcher, CoverageHole
 from ..envelope import InvalidNotification, Notification
 from ..errors import DocumentError, FetchError, RsNotifyError
 from ..model import ChangeType, Entry, sort_chronologically
-from ..publisher.watcher import CollectionWatcher, CoverageHole
 from ..tracker import Checkpoint, Known
 from ..w3cdt import format as format_datetime
 from . import events as ev
