@@ -34,7 +34,7 @@ OLD_HOMES = {
         "UnwantedEncoding",
     ],
     "rsnotify.log": ["Fenced", "LogConflict", "LogError", "LogUnavailable"],
-    "rsnotify.publisher.watcher": ["CoverageHole"],  # rsnotify.changes.watcher after r20-publisher
+    "rsnotify.changes.watcher": ["CoverageHole"],  # its home before issue 20 was rsnotify.publisher.watcher
     "rsnotify.report": ["ReportError"],
     "rsnotify.simulator.source": ["SimulatorError"],
     "rsnotify.spare": ["SpareUnusable"],
