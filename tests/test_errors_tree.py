@@ -34,7 +34,7 @@ OLD_HOMES = {
         "UnwantedEncoding",
     ],
     "rsnotify.log": ["Fenced", "LogConflict", "LogError", "LogUnavailable"],
-    "rsnotify.changes.watcher": ["CoverageHole"],  # its home before issue 20 was rsnotify.publisher.watcher
+    "rsnotify.changes.watcher": ["CoverageHole"],  # was rsnotify.publisher.watcher
     "rsnotify.report": ["ReportError"],
     "rsnotify.simulator.source": ["SimulatorError"],
     "rsnotify.spare": ["SpareUnusable"],
