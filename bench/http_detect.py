@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             "rsnotify/fetch.py",
             "rsnotify/validators.py",
             "rsnotify/httppolicy.py",
-            "rsnotify/publisher/access.py",
-            "rsnotify/publisher/watcher.py",
+            "rsnotify/changes/access.py",
+            "rsnotify/changes/watcher.py",
         ),
     }
     path = write_json(NAME, payload)

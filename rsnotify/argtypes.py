@@ -56,6 +56,7 @@ def _expects(what: str) -> Callable[[F], F]:
     """Name the kind of value for :meth:`rsnotify.config.Option.expected` ("a number")."""
 
     def mark(function: F) -> F:
+        # A function attribute config.Option reads; functions have no declared attributes.
         function.expected = what  # type: ignore[attr-defined]
         return function
 

@@ -41,6 +41,7 @@ ambiguous.
 
 from __future__ import annotations
 
+import datetime as dt  # for classes with a field named datetime
 import functools
 import hashlib
 import hmac
@@ -54,8 +55,13 @@ import orjson
 
 from . import w3cdt
 from .collection import is_valid_collection_id
-from .errors import DocumentError, InvalidDatetime, RsNotifyError
+from .errors import DocumentError, InvalidDatetime
+from .errors import InvalidNotification as InvalidNotification  # re-exported: its old home
+from .errors import SignatureError as SignatureError  # re-exported: its old home
 from .model import ChangeType, Document, Entry, Link, Root, make_document
+
+# Any (strict module): decoded JSON values (orjson.loads), checked field by field
+# (_require, _optional, _time, _link_of) before they become a Notification.
 
 VERSION = 1
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -78,14 +84,6 @@ _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _TEXT_FIELDS = ("collection", "capabilitylist", "changelist", "loc", "hash", "type")
 
 
-class InvalidNotification(RsNotifyError):
-    """A payload that is not a notification rsnotify can apply (garbage, oversized, forged)."""
-
-
-class SignatureError(InvalidNotification):
-    """A payload that is unsigned, or signed with an unknown key or a wrong digest."""
-
-
 @dataclass(slots=True)
 class Notification:
     """One Change List entry as pushed to Destinations.
@@ -101,22 +99,22 @@ class Notification:
     changelist: str
     loc: str
     change: ChangeType
-    datetime: datetime
+    datetime: dt.datetime
     hash: str | None = None
     length: int | None = None
     type: str | None = None
     links: list[dict[str, Any]] = field(default_factory=list)
-    lastmod: datetime | None = None
-    detected: datetime | None = None
-    published: datetime | None = None
+    lastmod: dt.datetime | None = None
+    detected: dt.datetime | None = None
+    published: dt.datetime | None = None
     # The change datetime of the change logged before this one (JSON "from"): where
     # the Change Notification interval of this change starts.  None: its own datetime.
-    since: datetime | None = None
+    since: dt.datetime | None = None
     # Not on the wire: when this Destination received it (epoch seconds), for latency.
     received: float | None = field(default=None, compare=False)
 
     @property
-    def identity(self) -> tuple[str, datetime, str]:
+    def identity(self) -> tuple[str, dt.datetime, str]:
         """(loc, change time, change): what makes applying this change idempotent."""
         return (self.loc, self.datetime, self.change.value)
 
@@ -129,8 +127,8 @@ class Notification:
         seq: int,
         capabilitylist: str,
         changelist: str,
-        detected: datetime | None = None,
-        since: datetime | None = None,
+        detected: dt.datetime | None = None,
+        since: dt.datetime | None = None,
     ) -> Notification:
         """Build the notification for a Change List entry (which the parser validated).
 
@@ -159,7 +157,7 @@ class Notification:
         )
 
     @property
-    def interval_start(self) -> datetime:
+    def interval_start(self) -> dt.datetime:
         """``from`` of a notification that starts with this change."""
         return self.since if self.since is not None else self.datetime
 

@@ -7,8 +7,10 @@ serves it with ``/metrics`` and ``/healthz`` on ``--metrics-port``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -95,7 +97,8 @@ async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunn
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server  # aiohttp exposes the bound sockets only here
+    # aiohttp exposes the bound sockets only here, typed as an AbstractServer.
+    server = cast("asyncio.Server | None", site._server)
     bound = server.sockets[0].getsockname()[1] if server and server.sockets else port
     return runner, bound
 

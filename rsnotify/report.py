@@ -60,7 +60,7 @@ from redis.retry import Retry
 
 from .argtypes import REDIS_SCHEMES
 from .cancellation import raise_if_cancelled
-from .errors import RsNotifyError
+from .errors import ReportError
 
 log = logging.getLogger("rsnotify.report")
 
@@ -75,10 +75,6 @@ BUFFER = 20_000  # samples held while Redis is slow; beyond that the oldest are 
 STAGES = ("e2e", "detect", "publish", "deliver", "apply")
 # Engine states that mean "not applying pushed changes in order yet".
 CATCHING_UP = frozenset({"starting", "baseline", "catching-up"})
-
-
-class ReportError(RsNotifyError):
-    """A telemetry target that cannot be used (a bad URL)."""
 
 
 def subscriber_key(name: str) -> str:
@@ -273,10 +269,12 @@ class _Writer:
         events = list(self.events)
         self.events.clear()
         pipe = self.redis.pipeline(transaction=False)
+        # Ignored below: redis-py types xadd's fields as an invariant dict of its
+        # own key and value unions, which a dict[str, str] is not.
         for sample in batch:
-            pipe.xadd(SAMPLES_KEY, self.sample_fields(sample), maxlen=SAMPLES_MAXLEN)
+            pipe.xadd(SAMPLES_KEY, self.sample_fields(sample), maxlen=SAMPLES_MAXLEN)  # type: ignore[arg-type]
         for event in events:
-            pipe.xadd(EVENTS_KEY, event, maxlen=EVENTS_MAXLEN)
+            pipe.xadd(EVENTS_KEY, event, maxlen=EVENTS_MAXLEN)  # type: ignore[arg-type]
         status = self.status(now) if status_due else None
         if status is not None:
             index, member, key, body = status
@@ -506,7 +504,7 @@ class PublisherReporter(_Writer):
             "started": self.started,
             "interval": self.interval,
             "stopped": self._stopped,
-            "healthy": bool(getattr(publisher, "_healthy", True)),
+            "healthy": bool(getattr(publisher, "healthy", True)),
             "transports": transports,
             "collections": {
                 cid: {"head": c.head, "capabilitylist": c.capability_list}

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from lxml import etree
 
@@ -63,6 +63,11 @@ from .model import (
     is_change_document,
     make_document,
 )
+
+# Any (strict module): lxml elements and parsers (lxml-stubs 0.5 types pull-parser
+# events as a union of elements and tuples, and lacks some methods: each value passed
+# as Any here is an etree._Element or XMLPullParser), the parser's keyword options and
+# the rs:md values (datetimes, ints, strings) of one header.
 
 Source = bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
 
@@ -276,7 +281,8 @@ def _syntax_error(exc: etree.XMLSyntaxError) -> DocumentError:
         # The feed parser stops at a fatal error (an undefined entity, say) but
         # reports it only at close() as "no element found", without a line.
         # The log, which lxml keeps across parsers, ends with the real cause.
-        fatals = exc.error_log.filter_from_fatals()
+        # lxml-stubs 0.5 omits _ErrorLog.filter_from_fatals, which lxml has had since 2.0.
+        fatals = exc.error_log.filter_from_fatals()  # type: ignore[attr-defined]
         if fatals:
             message, line = fatals[-1].message, fatals[-1].line or None
     if "depth" in message.lower():
@@ -503,8 +509,8 @@ class DocumentReader:
             parser.feed(head)
             for chunk in chunks:
                 for _event, element in parser.read_events():
-                    if self._root is None:
-                        self._root = element.getparent()
+                    if self._root is None:  # "end" events carry elements (stubs: a union)
+                        self._root = cast(etree._Element, element).getparent()
                     yield element
                 if self._root is None:
                     fed += len(chunk)
@@ -519,7 +525,7 @@ class DocumentReader:
                 parser.feed(chunk)
             for _event, element in parser.read_events():
                 if self._root is None:
-                    self._root = element.getparent()
+                    self._root = cast(etree._Element, element).getparent()
                 yield element
             root = parser.close()
         except etree.XMLSyntaxError as exc:

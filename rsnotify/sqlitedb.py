@@ -27,15 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import RsNotifyError
+from .errors import StoreUnavailable
 
 __all__ = ["SQLiteWorker", "StoreUnavailable"]
 
 T = TypeVar("T")
-
-
-class StoreUnavailable(RsNotifyError):
-    """The local database could not be used (disk full, I/O error, locked, closed)."""
 
 
 class SQLiteWorker:

@@ -64,7 +64,7 @@ def test_operator_mistakes_are_refused_in_one_line_before_the_command_runs(
 ) -> None:
     for name in ("RSNOTIFY_CONFIG", "RSNOTIFY_SECRET", "RSNOTIFY_WS_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    module, _parser = cli.command_parser(command)
+    module = cli.command_module(command)
 
     def ran(args: object) -> int:
         raise AssertionError(f"rsnotify {command} accepted {argv} and ran")

@@ -289,6 +289,8 @@ def catchups(process: ManagedProcess) -> list[tuple[int, float]]:
     """(changes, seconds) of each catch-up from the Change List Index, from the log."""
     found = []
     for message in messages(process, "from the Change List Index in"):
+        if "catch-up: " not in message:
+            continue  # a poll (push down) or a quiet confirmation walk, not a gap's catch-up
         words = message.split("catch-up: ", 1)[1].split()
         found.append((int(words[0]), float(words[-1].rstrip("s"))))
     return found

@@ -101,7 +101,7 @@ class Client:
         elif self.kind == "subscriber":
             self.channel.start()
         else:
-            self.reader.start(asyncio.get_running_loop())
+            self.reader.start()
 
     async def stop(self) -> None:
         if self.kind == "publisher":

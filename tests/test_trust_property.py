@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rsnotify import w3cdt
+from rsnotify.changes.access import HttpAccess
+from rsnotify.changes.watcher import CollectionWatcher
 from rsnotify.envelope import sign
 from rsnotify.fetch import Fetcher
-from rsnotify.publisher.access import HttpAccess
-from rsnotify.publisher.watcher import CollectionWatcher
 from rsnotify.subscriber import events as ev
 from rsnotify.subscriber.applier import Applier
 from rsnotify.subscriber.baseline import baseline

@@ -23,18 +23,21 @@ import contextlib
 import json
 import logging
 import math
+import os
 import ssl
 import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+import paho.mqtt.client as mqtt
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from .. import w3cdt
 from ..backoff import Backoff
 from ..cancellation import raise_if_cancelled
+from ..collection import is_valid_collection_id
 from ..errors import RsNotifyError
 from ..log.redis_log import COLLECTIONS_KEY
 from ..report import (
@@ -46,6 +49,10 @@ from ..report import (
     publisher_key,
     subscriber_key,
 )
+from ..transport import mqttsig
+from ..transport.mqttlink import BrokerLink, LinkState
+from ..transport.mqtturl import parse_broker_url
+from ..transport.topics import Topics
 from .state import DashboardState, LogIndex
 
 log = logging.getLogger("rsnotify.dashboard")
@@ -140,7 +147,7 @@ class Collector:
 
     async def start(self) -> None:
         if self.mqtt is not None:
-            self.mqtt.start(asyncio.get_running_loop())
+            self.mqtt.start()
         self._tail_task = asyncio.create_task(self._tail())
 
     async def stop(self) -> None:
@@ -338,7 +345,8 @@ class Collector:
 class MqttHeads:
     """Subscribes to every collection's retained head message.
 
-    The connection (MQTT 5, 3.1.1 fallback, reconnects, one-line errors) is a
+    The connection (MQTT 5, 3.1.1 fallback, reconnects, one-line errors, the
+    hop from paho's thread to the loop) is a
     :class:`~rsnotify.transport.mqttlink.BrokerLink`.  Heads are read under
     ``<prefix>/+/head`` whatever the topic naming (broker-safe or legacy);
     the collection is the one the head names, and a head on a topic that is
@@ -353,17 +361,10 @@ class MqttHeads:
         *,
         protocol: str = "auto",
     ) -> None:
-        import os
-
-        from ..transport.mqttlink import BrokerLink
-        from ..transport.mqtturl import parse_broker_url
-        from ..transport.topics import Topics
-
         self.broker = parse_broker_url(url)
         self.topics = Topics(prefix)
         self.prefix = self.topics.prefix
         self.on_head = on_head
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.link = BrokerLink(
             self.broker,
             client_id=f"rsnotify-dashboard-{os.getpid()}-{id(self) & 0xFFFF:x}",
@@ -373,24 +374,21 @@ class MqttHeads:
             tls=ssl.create_default_context() if self.broker.tls else None,
             reconnect_min=1.0,
             reconnect_max=10.0,
-            setup=self._setup,
-            on_connack=self._on_connack,
+            on_message=self._on_message,
+            on_state=self._on_state,
         )
 
     @property
     def connected(self) -> bool:
         return self.link.connected
 
-    def _setup(self, client: Any, _conn: int) -> None:
-        client.on_message = self._on_message
+    def _on_state(self, state: LinkState) -> None:
+        if state.state == "connected":
+            # Retained heads arrive after the SUBACK; a refusal shows as none arriving.
+            self.link.subscribe([(self.topics.head_filter(), 0)]).add_done_callback(_ignore_outcome)
 
-    def _on_connack(self, client: Any, _conn: int, _props: Any) -> None:
-        client.subscribe(self.topics.head_filter(), qos=0)
-
-    def _on_message(self, _c: Any, _u: Any, message: Any) -> None:
-        from ..collection import is_valid_collection_id
-        from ..transport import mqttsig
-
+    def _on_message(self, message: mqtt.MQTTMessage) -> None:
+        """In paho's thread: check the head, hand it to the loop."""
         payload, _signature = mqttsig.detach(message.payload)
         try:
             body = json.loads(payload)
@@ -401,13 +399,15 @@ class MqttHeads:
             return
         if message.topic not in (self.topics.head(collection), f"{self.prefix}/{collection}/head"):
             return  # a head claiming another collection's name
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                self._loop.call_soon_threadsafe(self.on_head, collection, body)
+        self.link.post(self.on_head, collection, body)
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def start(self) -> None:
         self.link.start()
 
     async def stop(self) -> None:
         await self.link.stop()
+
+
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: a connection lost before the SUBACK is not news

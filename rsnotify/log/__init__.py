@@ -25,23 +25,18 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import RsNotifyError
+from ..errors import Fenced, LogConflict, LogError, LogUnavailable
 
-
-class LogError(RsNotifyError):
-    """The log refused an operation."""
-
-
-class LogUnavailable(LogError):
-    """The log's backend cannot be reached right now; retry with backoff."""
-
-
-class LogConflict(LogError):
-    """The head moved since the appender read it (another writer)."""
-
-
-class Fenced(LogError):
-    """The appender's fencing token is older than the current leader's."""
+__all__ = [
+    "Fenced",
+    "LogConflict",
+    "LogError",
+    "LogRecord",
+    "LogUnavailable",
+    "NotificationLog",
+    "Retention",
+    "open_log",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import Fenced, LogConflict, LogRecord, LogUnavailable, NotificationLog, Retention
 
+# Any (strict module): redis-py types replies as any RESP value; each reply's shape
+# is the command's, read where it is used.
+
 COLLECTIONS_KEY = "rsn:collections"
 
 # KEYS: log, meta.  ARGV: expected head, checkpoint, fence ('' = none), now ms,
@@ -190,7 +193,11 @@ class RedisLog(NotificationLog):
         block_ms = max(1, int(timeout * 1000))
         try:
             async with asyncio.timeout(timeout + self._socket_timeout):  # see sqlite_log.wait
-                reply = await self._blocking.xread({log: f"{after}-0"}, count=limit, block=block_ms)
+                # Any: redis-py types the reply as any RESP value; XREAD's is
+                # [[stream, [(id, fields), ...]]] or None.
+                reply: Any = await self._blocking.xread(
+                    {log: f"{after}-0"}, count=limit, block=block_ms
+                )
         except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
             raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
         if not reply:

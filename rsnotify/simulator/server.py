@@ -109,6 +109,7 @@ class SimulatorConfig:
     seed: int | None = None
     spec_version: str = "1.1"
     dir: Path | None = None
+    spare_inodes: bool = False  # --dir reuses retired inodes (rsnotify.spare)
     weights: Weights = field(default_factory=Weights)
     resurrect: float = 0.25
     hubs: tuple[str, ...] = ()
@@ -118,7 +119,7 @@ class SimulatorConfig:
     flush_interval: float = 0.5
     clock_skew: float = 0.0
     large_every: int = 0
-    large_bytes: int = 0
+    large_bytes: int = 4 * 1024 * 1024  # the mean size of one in --large-every resources
     pings: tuple[str, ...] = ()  # hub URLs told "I just wrote my Change List" (see .ping)
     ping_secret: str | None = None
 
@@ -228,7 +229,7 @@ class Simulator:
             )
             self.site = Site(source, resourcelist_size=config.resourcelist_size)
             if config.dir is not None:
-                self.writer = DiskWriter(config.dir, self.site)
+                self.writer = DiskWriter(config.dir, self.site, spare_inodes=config.spare_inodes)
                 self.writer.prepare()
                 await self.writer.flush(self.now())
             self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)

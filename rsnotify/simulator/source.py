@@ -67,7 +67,7 @@ from urllib.parse import urlsplit
 
 from .. import w3cdt
 from ..collection import collection_id
-from ..errors import RsNotifyError
+from ..errors import SimulatorError as SimulatorError  # re-exported: its old home
 from ..model import Capability, ChangeType, Document, Entry, Link, Root, make_document
 from . import payload
 from .payload import Fixity
@@ -76,10 +76,6 @@ MICROSECOND = timedelta(microseconds=1)
 SPEC_VERSIONS = ("1.0", "1.1")
 DEFAULT_CHANGELIST_SIZE = 1000
 MAX_COLLECTIONS = 1000
-
-
-class SimulatorError(RsNotifyError):
-    """A simulator option or control request was refused (bad value, conflicting flags)."""
 
 
 # --- configuration values ----------------------------------------------------

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import RsNotifyError
+from ..errors import AlreadyRunning as AlreadyRunning  # re-exported: its old home
 from ..sqlitedb import SQLiteWorker
 from ..tracker import Checkpoint
 
@@ -40,10 +40,6 @@ CREATE TABLE IF NOT EXISTS events (
   detail TEXT NOT NULL
 );
 """
-
-
-class AlreadyRunning(RsNotifyError):
-    """Another subscriber holds the lock on this mirror's state."""
 
 
 @dataclass(frozen=True, slots=True)

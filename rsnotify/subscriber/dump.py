@@ -35,7 +35,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .. import sitemap
-from ..errors import DocumentError, FetchError, RsNotifyError
+from ..errors import DocumentError, FetchError, UnusableDump
 from ..fetch import Fetcher
 from ..model import Capability, Entry, parse_hashes
 from .applier import Applier, Outcome
@@ -47,10 +47,6 @@ log = logging.getLogger("rsnotify.subscribe")
 CHUNK = 64 * 1024
 MANIFEST_NAME = "manifest.xml"
 DEFAULT_MAX_PACKAGE_BYTES = 64 << 30
-
-
-class UnusableDump(RsNotifyError):
-    """The Resource Dump cannot serve as a baseline (the Resource List is used instead)."""
 
 
 @dataclass(slots=True)

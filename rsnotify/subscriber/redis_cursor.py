@@ -26,6 +26,7 @@ import logging
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -34,7 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..backoff import Backoff
 from ..cancellation import raise_if_cancelled
-from ..errors import RsNotifyError
+from ..errors import CursorStoreUnavailable
 from ..tracker import Checkpoint
 from .cursor import Cursor
 
@@ -43,10 +44,6 @@ __all__ = ["MAX_EVENTS", "CursorStoreUnavailable", "RedisCursorStore", "destinat
 MAX_EVENTS = 1_000
 
 log = logging.getLogger("rsnotify.subscribe")
-
-
-class CursorStoreUnavailable(RsNotifyError):
-    """Redis holding the cursors cannot be reached or refused a command."""
 
 
 def destination_id(into: str | Path, name: str | None = None) -> str:
@@ -73,7 +70,8 @@ class RedisCursorStore:
             url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
 
-    async def _call(self, awaitable):  # type: ignore[no-untyped-def]
+    # Any: redis-py types each asyncio command's result as "Awaitable[Any] | Any".
+    async def _call(self, awaitable: Any) -> Any:
         try:
             return await awaitable
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:

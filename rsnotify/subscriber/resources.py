@@ -37,6 +37,7 @@ database applies.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt  # for classes with a field named datetime
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import RsNotifyError
+from ..errors import ResourceStoreError
 from ..model import ChangeType
 from ..sqlitedb import SQLiteWorker, StoreUnavailable
 
@@ -101,10 +102,6 @@ APPLY = 1  # the change is now the state of its loc (moving forward only)
 CONFIRM = 2  # the Source's Change List lists the change a provisional state holds
 
 
-class ResourceStoreError(RsNotifyError):
-    """The resource store cannot be read or written (locked, disk full, corrupt)."""
-
-
 @dataclass(frozen=True, slots=True)
 class ResourceState:
     """The newest change of one ``loc`` applied to the mirror.
@@ -117,11 +114,11 @@ class ResourceState:
 
     loc: str
     change: ChangeType
-    datetime: datetime
+    datetime: dt.datetime
     seq: int | None
     sha256: str | None
     length: int | None
-    applied_at: datetime
+    applied_at: dt.datetime
     confirmed: bool = True
 
 
@@ -132,9 +129,9 @@ class ApplyRecord:
     id: int
     loc: str
     change: ChangeType
-    datetime: datetime
+    datetime: dt.datetime
     seq: int | None
-    applied_at: datetime
+    applied_at: dt.datetime
     sha256: str | None
     length: int | None
     outcome: str

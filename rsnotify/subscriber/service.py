@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 
 from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
+from ..changes.access import HttpAccess
+from ..changes.watcher import CollectionWatcher
 from ..collection import collection_id
 from ..envelope import Notification
 from ..errors import RsNotifyError, listening
@@ -30,8 +32,6 @@ from ..fetch import Fetcher, origin_of
 from ..httppolicy import HttpPolicy
 from ..metrics import metrics_app, serve
 from ..model import Capability
-from ..publisher.access import HttpAccess
-from ..publisher.watcher import CollectionWatcher
 from ..report import SubscriberReporter
 from ..tracker import Checkpoint
 from ..transport.topics import prefix_of
@@ -63,7 +63,7 @@ class SubscriberConfig:
     topic_prefix: str | None = None
     concurrency: int = 16
     metadata_only: bool = False
-    spare_inodes: bool = True  # reuse retired inodes (rsnotify.spare); off: a new one per write
+    spare_inodes: bool = False  # --spare-inodes: reuse retired inodes (rsnotify.spare)
     once: bool = False
     heartbeat_timeout: float = 30.0
     safety_poll: float = 300.0
@@ -146,6 +146,7 @@ class Subscriber:
         self.engines: dict[str, CollectionSync] = {}
         self._lock = StateLock(self.state_dir)
         self._mirror_lock: MirrorLock | None = None
+        self._mirror: Mirror | None = None
         self._fetcher: Fetcher | None = None
         self._cursors: CursorStore | RedisCursorStore | None = None
         self._resources: ResourceStore | None = None
@@ -189,11 +190,12 @@ class Subscriber:
             self._lock.acquire()
         except OSError as exc:
             raise RsNotifyError(f"state directory {self.state_dir}: {exc.strerror}") from None
-        # Retired inodes wait in the state directory, beside the mirror and
-        # (by default) on its filesystem, never inside the mirror itself: a
-        # web server publishing the mirror must not serve old versions.
+        # With --spare-inodes, retired inodes wait in the state directory,
+        # beside the mirror and (by default) on its filesystem, never inside
+        # the mirror itself: a web server publishing it must not serve old
+        # versions.  Without, files are replaced by plain renames.
         spare_dir = self.state_dir / "spare" if config.spare_inodes else None
-        mirror = Mirror(config.into, spare_dir=spare_dir)
+        mirror = self._mirror = Mirror(config.into, spare_dir=spare_dir)
         removed = mirror.cleanup_temp()
         if removed:
             log.info("removed %d temporary file(s) left by an interrupted write", removed)
@@ -487,6 +489,9 @@ class Subscriber:
             await self._cursors.close()
         if self._resources is not None:
             await self._resources.close()
+        if self._mirror is not None:  # its writer threads, once the last write is done
+            await self._mirror.settle()
+            self._mirror.close()
         self._lock.release()
         if self._mirror_lock is not None:
             self._mirror_lock.release()

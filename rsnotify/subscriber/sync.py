@@ -48,14 +48,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from .. import envelope, framework
 from ..backoff import Backoff
+from ..changes.watcher import CollectionWatcher, CoverageHole
 from ..envelope import InvalidNotification, Notification
 from ..errors import DocumentError, FetchError, RsNotifyError
 from ..model import ChangeType, Entry, sort_chronologically
-from ..publisher.watcher import CollectionWatcher, CoverageHole
 from ..tracker import Checkpoint, Known
 from ..w3cdt import format as format_datetime
 from . import events as ev
@@ -738,9 +738,10 @@ class CollectionSync:
         if beyond_skew(n.datetime, datetime.now(UTC), self.max_skew):
             self._refuse_future(n)  # not counted: its number is as unproven as its date
             return
-        known = self._seqs.seen(n.seq, n.identity)
-        clash = self._seqs.remember(n.seq, n.identity)
-        verdict, gap = self.detector.on_notification(n.seq, prev)
+        seq = cast(int, n.seq)  # a change of a sequenced batch (see _on_message)
+        known = self._seqs.seen(seq, n.identity)
+        clash = self._seqs.remember(seq, n.identity)
+        verdict, gap = self.detector.on_notification(seq, prev)
         if clash is not None:
             self._doubt(
                 "conflict",
@@ -751,7 +752,7 @@ class CollectionSync:
             if known:
                 self.stats.duplicates += 1
                 return
-            self.detector.rewind(n.seq)
+            self.detector.rewind(seq)
         elif verdict is Verdict.GAP and gap is not None:
             self._doubt("gap", gap.reason)
         self._submit_pushed(n)

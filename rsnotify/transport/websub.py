@@ -61,7 +61,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -250,7 +250,10 @@ class WebSubHub:
             ),
             # Every connection to a callback resolves through the address policy.
             connector=aiohttp.TCPConnector(
-                limit=256, limit_per_host=0, resolver=FilteringResolver(self.policy)
+                limit=256,
+                limit_per_host=0,
+                # Duck-typed: resolve() and close() are all TCPConnector calls.
+                resolver=FilteringResolver(self.policy),  # type: ignore[arg-type]
             ),
         )
         with contextlib.suppress(LogUnavailable):
@@ -265,9 +268,9 @@ class WebSubHub:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        server = site._server
+        server = cast("asyncio.Server | None", site._server)  # typed as an AbstractServer
         if server is not None and getattr(server, "sockets", None):
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.port = server.sockets[0].getsockname()[1]
         now = time.time()
         for sub in await self.store.load():
             if sub.expired(now):

@@ -106,6 +106,7 @@ Content distribution (WebSub section 7, ResourceSync Change Notification 4.3)
 
 from __future__ import annotations
 
+import datetime as dt  # for classes with a field named datetime
 import enum
 import hashlib
 import hmac
@@ -121,9 +122,9 @@ import orjson
 from .. import envelope, framework, w3cdt
 from ..backoff import Backoff
 from ..envelope import MAX_URI_CHARS
+from ..errors import RequestError as RequestError  # re-exported: its old home
 from ..errors import RsNotifyError
 from ..log import LogRecord
-from . import TransportError
 
 logger = logging.getLogger("rsnotify.transport.websub")
 
@@ -147,14 +148,6 @@ NOTIFICATION_TYPE = "application/xml"
 ATOM_TYPE = "application/atom+xml"
 GAP_TYPE = NOTIFICATION_TYPE  # WebSub 7: the topic's content type
 BACKOFF_MIN = 0.2
-
-
-class RequestError(TransportError):
-    """A subscription request the hub answers with ``400`` (the message says why)."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,12 +439,12 @@ class RenderedChange:
 
     seq: int
     fragment: bytes | None  # None: unrenderable (the hub sends a gap instead)
-    datetime: datetime | None = None
-    since: datetime | None = None
+    datetime: dt.datetime | None = None
+    since: dt.datetime | None = None
     record: LogRecord | None = None
 
     @property
-    def start(self) -> datetime | None:
+    def start(self) -> dt.datetime | None:
         return self.since if self.since is not None else self.datetime
 
 
