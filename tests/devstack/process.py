@@ -20,7 +20,6 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Literal, Self
 
 from .waiting import DEFAULT_TIMEOUT, wait_for
@@ -341,12 +340,7 @@ class ManagedProcess:
             self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.terminate()
 
     def __repr__(self) -> str:

@@ -12,7 +12,6 @@ import asyncio
 import os
 import shutil
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from .ports import HOST, free_port, listens_on
@@ -159,12 +158,7 @@ class Service:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
