@@ -79,7 +79,7 @@ _RSN = f"{{{RSNOTIFY_NS}}}"
 SIGNATURE_PROPERTY = "rsnotify-signature"  # MQTT 5 user property / WebSocket field name
 
 _CHANGES = {c.value: c for c in ChangeType}
-# Characters XML 1.0 cannot carry (as in sitemap.py), lone surrogates included.
+# Characters XML 1.0 cannot carry (as in sitemapwriter.py), lone surrogates included.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _TEXT_FIELDS = ("collection", "capabilitylist", "changelist", "loc", "hash", "type")
 
@@ -437,9 +437,9 @@ def entry_fragment(entry: Entry) -> bytes:
     (section 3 of both texts): each renders its entries with this and
     :func:`compose` puts the header around them.
     """
-    from . import sitemap
+    from . import sitemapwriter
 
-    return sitemap._entry_xml(entry, "url").encode("utf-8")
+    return sitemapwriter._entry_xml(entry, "url").encode("utf-8")
 
 
 def url_fragment(n: Notification) -> bytes:
