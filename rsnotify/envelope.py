@@ -37,6 +37,16 @@ Source rotate secrets while Destinations accept both keys for a while.  The
 signature travels beside the payload (MQTT 5 user property, WebSocket frame
 field, HTTP header), never inside it, so "the bytes that were signed" is never
 ambiguous.
+
+Why one module of ~700 lines: it is one wire contract, written and read
+here, both ends.  The XML form decodes through the same validator as the JSON
+form (:func:`from_dict`), so a change is accepted or refused by the same
+rules whichever form carried it, and encoders and decoders sit side by side
+so they cannot drift apart; the signature is over the bytes those encoders
+produce.  The document-level XML work is delegated: reading to
+:mod:`rsnotify.sitemap` (its hostile-input bounds), writing to
+:mod:`rsnotify.sitemapwriter`, datetimes to :mod:`rsnotify.w3cdt`; turning a
+logged change into what a transport sends is :mod:`rsnotify.outbound`.
 """
 
 from __future__ import annotations
