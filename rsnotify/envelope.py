@@ -37,6 +37,16 @@ Source rotate secrets while Destinations accept both keys for a while.  The
 signature travels beside the payload (MQTT 5 user property, WebSocket frame
 field, HTTP header), never inside it, so "the bytes that were signed" is never
 ambiguous.
+
+Why one module of ~700 lines: it is one wire contract, written and read
+here, both ends.  The XML form decodes through the same validator as the JSON
+form (:func:`from_dict`), so a change is accepted or refused by the same
+rules whichever form carried it, and encoders and decoders sit side by side
+so they cannot drift apart; the signature is over the bytes those encoders
+produce.  The document-level XML work is delegated: reading to
+:mod:`rsnotify.sitemap` (its hostile-input bounds), writing to
+:mod:`rsnotify.sitemapwriter`, datetimes to :mod:`rsnotify.w3cdt`; turning a
+logged change into what a transport sends is :mod:`rsnotify.outbound`.
 """
 
 from __future__ import annotations
@@ -79,7 +89,7 @@ _RSN = f"{{{RSNOTIFY_NS}}}"
 SIGNATURE_PROPERTY = "rsnotify-signature"  # MQTT 5 user property / WebSocket field name
 
 _CHANGES = {c.value: c for c in ChangeType}
-# Characters XML 1.0 cannot carry (as in sitemap.py), lone surrogates included.
+# Characters XML 1.0 cannot carry (as in sitemapwriter.py), lone surrogates included.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _TEXT_FIELDS = ("collection", "capabilitylist", "changelist", "loc", "hash", "type")
 
@@ -437,9 +447,9 @@ def entry_fragment(entry: Entry) -> bytes:
     (section 3 of both texts): each renders its entries with this and
     :func:`compose` puts the header around them.
     """
-    from . import sitemap
+    from . import sitemapwriter
 
-    return sitemap._entry_xml(entry, "url").encode("utf-8")
+    return sitemapwriter._entry_xml(entry, "url").encode("utf-8")
 
 
 def url_fragment(n: Notification) -> bytes:

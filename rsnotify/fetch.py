@@ -36,6 +36,15 @@ Redirects are followed here, not by aiohttp, precisely so every hop is checked
 against the allow-list, and so credentials are attached per hop, only to the
 Source's own origin.  The check compares scheme, IDNA host and port; it does
 not stop a permitted host name from resolving to a private address.
+
+Why one module of ~720 lines: most of it is one class, :class:`Fetcher`,
+and every request goes through its one path (``get`` is ``stream`` read
+whole; every redirect hop goes round it again) with the same checks in the
+same order -- origin allow-list, per-host slot, credentials for the Source's
+origin only, deadline, byte limit, encoding -- so a check added once covers
+every caller.  Policy is elsewhere and pure: :mod:`rsnotify.httppolicy` (what
+may be sent, pace, ``Retry-After``), :mod:`rsnotify.validators`
+(conditional-request validators), :mod:`rsnotify.links` (``Link`` headers).
 """
 
 from __future__ import annotations

@@ -54,6 +54,16 @@ Control and ground truth (JSON)
 
 Control requests that change state (pause, advance) return only after the
 ``--dir`` copy, if any, has caught up, so a test can compare it right away.
+
+Why one module of ~620 lines: it is one aiohttp application, and the
+document handlers, the fault injection, the counters and the control
+endpoints all read and change the same live state of one :class:`Simulator`
+(paused or not, the fault window, the clock skew, the ``--dir`` copy to
+settle before answering); about a tenth of the file is the endpoint reference
+above.  Everything that needs no server lives beside it: the changes in
+:mod:`.source` (pure state machine), the published bytes and their validators
+in :mod:`.site`, the resource content in :mod:`.payload`, the ``--dir`` copy
+in :mod:`.diskwriter`, WebSub pings in :mod:`.ping`.
 """
 
 from __future__ import annotations

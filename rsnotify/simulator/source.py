@@ -54,6 +54,14 @@ Spec versions
 The reference client ``resync`` 2.0.1 defaults to 1.1 and, in that mode,
 refuses an incremental sync over entries without ``datetime``, while 1.0
 readers only look at ``<lastmod>``: writing both serves both.
+
+Why one module of ~700 lines: it is one deterministic state machine.  The
+change generator and the document builders read and move the same state (the
+collections, the one random generator, the datetime floor, the open Change
+Lists), and the guarantees above -- same seed, same changes; strictly
+increasing datetimes; contiguous Change Lists; a snapshot that every later
+change is after -- each span both sides.  Resource content is
+:mod:`.payload`; turning the documents into served bytes is :mod:`.site`.
 """
 
 from __future__ import annotations

@@ -32,6 +32,15 @@ in a bounded write-through cache.  The cache is coherent because the store is
 the only writer of its file (one subscriber per DIR, enforced by a lock) and
 it is updated only after a commit, with the same "never backwards" rule the
 database applies.
+
+Why one module of ~620 lines: it is one store, and its parts keep one
+invariant together -- the cache never disagrees with the database.  The
+group commit, the batched reads, the write-through cache and the worker
+thread that owns the connection share the same queues, and the cache takes a
+write only once it is committed and only if the database's "never backwards"
+rule let it change the state (:meth:`ResourceStore._remember_write`); split
+apart, that coherence would rest on callers.  The rules about *which* change
+may be applied are not here: they are :mod:`.rules` and :mod:`.trust`.
 """
 
 from __future__ import annotations

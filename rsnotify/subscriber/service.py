@@ -4,6 +4,13 @@ Start-up order matters and is the same every time (see :mod:`.sync`):
 discover the Source and its channels, take the state lock, open channels
 (so notifications start queueing), then per collection baseline if needed,
 catch up from the Change List Index, and consume the queue live.
+
+Why one module of ~520 lines: it is the composition root, and the order
+above is its content: each step needs what the one before opened (the lock
+before the mirror, channels before catch-up, engines before telemetry), and
+stopping undoes them in reverse.  What each step does lives elsewhere:
+discovery in :mod:`rsnotify.discovery`, channels in :mod:`.channels`, the
+engine in :mod:`.sync`, the mirror in :mod:`.mirror`, metrics in :mod:`.telemetry`.
 """
 
 from __future__ import annotations

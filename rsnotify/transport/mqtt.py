@@ -1,9 +1,9 @@
 """The MQTT transport: tail the log, publish each notification at QoS 1, in order.
 
-(Past 500 lines on purpose: this is one class, the driver, whose lane,
+Why one module of ~590 lines: it is one class, the driver, whose lane,
 heartbeat, cursor and drain loops share the connection epoch, the stop flag
 and the wake-up; its rules live in :mod:`.mqttwindow` and its paho side in
-:mod:`.mqttlink`, so what is left here is the asyncio flow between them.)
+:mod:`.mqttlink`, so what is left here is the asyncio flow between them.
 
 Per collection the pusher publishes ``<prefix>/<level>/changes`` (one
 message per sequence number, strictly in sequence order; ``<level>`` is the

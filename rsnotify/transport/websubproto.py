@@ -102,6 +102,16 @@ Content distribution (WebSub section 7, ResourceSync Change Notification 4.3)
     the catch-up covers ``S+1 .. H``, and a callback that cannot keep up with
     a short retention is not sent one notice after another at its trailing
     edge.
+
+Why one module of ~640 lines: it is one protocol, both ends, and about a
+fifth of the file is the reference above.  The hub (:mod:`.websub`), the
+push to an external hub (:mod:`.websubpush`) and the subscriber's callback
+(:mod:`rsnotify.subscriber.websub`) all read and write its requests,
+verification URLs, headers, signatures, gap notices and batches through these
+functions, so both ends agree by construction and the whole protocol is
+tested without a socket.  What is not protocol is elsewhere: the hub's
+defences in :mod:`.websubguard`, its subscription store in
+:mod:`.websubstore`, the Atom feed in :mod:`.atom`.
 """
 
 from __future__ import annotations

@@ -85,6 +85,15 @@ A client checks continuity per collection with one number, ``last``: set it
 to ``since`` (or ``hello.head``; after ``gap_too_old``, ``hello.head``); each
 notification must have ``prev == last`` (then ``last = seq``); each
 ``skipped`` must have ``from == last + 1`` (then ``last = resume - 1``).
+
+Why one module of ~630 lines: it is one wire format, both ends -- the
+gateway's frame builders and the client's frame readers next to each other,
+with the send cursor that makes ``prev`` chain -- and about a sixth of the
+file is the protocol reference above.  What is not wire format is elsewhere:
+the connections in :mod:`.ws`, the payload rendering in
+:mod:`rsnotify.outbound`, the subscriber's connection in
+:mod:`rsnotify.subscriber.channels` and its continuity checks in
+:mod:`rsnotify.subscriber.gaps`.
 """
 
 from __future__ import annotations
