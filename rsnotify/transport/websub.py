@@ -5,6 +5,13 @@ The protocol (URLs, headers, leases, ``gap_too_old``) is specified in
 this module is the aiohttp server and client around it.  It runs inside
 ``rsnotify publish --websub HOST:PORT``.
 
+Why one module of ~900 lines: it is one aiohttp application, the hub, whose
+request handlers (subscribe, publish, topics, feeds), lease reaper, cursor
+flusher and per-subscription delivery loops share the subscription table,
+the admission counts and the tailers.  Every decision that needs no socket
+is in :mod:`.websubproto`, the guards in :mod:`.websubguard`, persistence in
+:mod:`.websubstore`, Atom in :mod:`.atom` and the log tail in :mod:`.tail`.
+
 Everything comes from the log
     As with the WebSocket gateway, the hub never takes notifications from the
     publisher in-process: per collection with subscribers, one tailer

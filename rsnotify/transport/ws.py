@@ -1,5 +1,12 @@
 """WebSocket transport: a gateway that tails the notification log and fans out to clients.
 
+Why one module of ~720 lines: it is one class, the gateway, whose admission
+(slots per address), client handlers, replays, pacing and memory release
+share the connection set, the tailers and one event loop's timing; the wire
+protocol is :mod:`.wsproto` (pure), the log tail :mod:`.tail` and rendering
+:mod:`rsnotify.outbound`, so what is left here is the asyncio and
+``websockets`` flow between them.
+
 The wire protocol (URLs, frames, close codes, what ``prev`` and ``skipped``
 promise) is specified in :mod:`.wsproto`; this module is the I/O around it,
 built on the asyncio API of ``websockets``.
