@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "rsnotify.model",
             "rsnotify.collection",
             "rsnotify.sitemap",
+            "rsnotify.sitemapwriter",
             "rsnotify.envelope",
             "rsnotify.tracker",
             "rsnotify.framework",
