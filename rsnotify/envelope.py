@@ -94,6 +94,13 @@ _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _TEXT_FIELDS = ("collection", "capabilitylist", "changelist", "loc", "hash", "type")
 
 
+# The latency stages a notification's times delimit, in order: change ->
+# ``detected`` (detect) -> ``published`` (publish) -> received (deliver) ->
+# applied (apply), and change -> applied (e2e).  One list for the telemetry
+# writer (rsnotify.report) and the dashboard that reads it.
+LATENCY_STAGES = ("e2e", "detect", "publish", "deliver", "apply")
+
+
 @dataclass(slots=True)
 class Notification:
     """One Change List entry as pushed to Destinations.

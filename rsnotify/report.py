@@ -60,6 +60,7 @@ from redis.retry import Retry
 
 from .argtypes import REDIS_SCHEMES
 from .cancellation import raise_if_cancelled
+from .envelope import LATENCY_STAGES
 from .errors import ReportError
 
 log = logging.getLogger("rsnotify.report")
@@ -72,7 +73,7 @@ SAMPLES_MAXLEN = 100_000
 EVENTS_MAXLEN = 10_000
 STATUS_TTL = 24 * 3600
 BUFFER = 20_000  # samples held while Redis is slow; beyond that the oldest are dropped
-STAGES = ("e2e", "detect", "publish", "deliver", "apply")
+STAGES = LATENCY_STAGES
 # Engine states that mean "not applying pushed changes in order yet".
 CATCHING_UP = frozenset({"starting", "baseline", "catching-up"})
 

@@ -19,10 +19,12 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..envelope import LATENCY_STAGES
+
 MIN_SECONDS = 1e-4
 BINS_PER_OCTAVE = 16
 QUANTILES = (0.5, 0.9, 0.99)
-STAGES = ("e2e", "detect", "publish", "deliver", "apply")
+STAGES = LATENCY_STAGES
 SECOND_BUCKETS = 300
 MINUTE_BUCKETS = 60
 # name -> (span in buckets, bucket size in seconds)
