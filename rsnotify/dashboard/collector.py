@@ -27,7 +27,7 @@ import os
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import paho.mqtt.client as mqtt
@@ -61,6 +61,15 @@ TAIL_START = 2_000  # log entries read back when a collection is first seen
 TAIL_BATCH = 10_000
 FORGET_AFTER = 24 * 3600.0  # statuses older than this are not shown at all
 BACKFILL = 3600.0
+
+# Stream replies as this module's connections read them (redis-py's default
+# legacy reply shapes, without decode_responses), narrower than redis-py's
+# types, which cover every protocol and option: ids, field names and values
+# are bytes; XRANGE and XREVRANGE return a list, empty for a missing key;
+# XREAD returns [[key, entries], ...], empty once its block times out (the
+# pairs are lists, only ever unpacked here).
+StreamRows = list[tuple[bytes, dict[bytes, bytes]]]
+XReadReply = list[tuple[bytes, StreamRows]]
 
 
 def _text(value: Any) -> str:
@@ -162,7 +171,7 @@ class Collector:
 
     # -- telemetry streams ------------------------------------------------------------------
 
-    def _ingest_samples(self, rows: list[tuple[Any, dict[Any, Any]]]) -> None:
+    def _ingest_samples(self, rows: StreamRows) -> None:
         if not rows:
             return
         samples = []
@@ -175,7 +184,7 @@ class Collector:
         if self.on_samples is not None:
             self.on_samples(samples, stages)
 
-    def _ingest_event(self, stream_id: Any, fields: dict[Any, Any]) -> None:
+    def _ingest_event(self, stream_id: bytes, fields: dict[bytes, bytes]) -> None:
         f = {_text(k): _text(v) for k, v in fields.items()}
         try:
             data = json.loads(f.get("j") or "{}")
@@ -200,7 +209,9 @@ class Collector:
         self.state.latency.advance(time.time())
         start = f"{int((time.time() - BACKFILL) * 1000)}-0"
         while True:
-            rows = await self._blocking.xrange(SAMPLES_KEY, start, "+", count=TAIL_BATCH)
+            rows = cast(
+                StreamRows, await self._blocking.xrange(SAMPLES_KEY, start, "+", count=TAIL_BATCH)
+            )
             self._ingest_samples(rows)
             if rows:
                 self._samples_id = _text(rows[-1][0])
@@ -208,7 +219,7 @@ class Collector:
             if len(rows) < TAIL_BATCH:
                 break
             await asyncio.sleep(0)
-        recent = await self._blocking.xrevrange(EVENTS_KEY, "+", "-", count=100)
+        recent = cast(StreamRows, await self._blocking.xrevrange(EVENTS_KEY, "+", "-", count=100))
         for stream_id, fields in reversed(recent):
             self._ingest_event(stream_id, fields)
         if recent:
@@ -225,10 +236,13 @@ class Collector:
                     await self._backfill()
                     backfilled = True
                     self.backfilled.set()
-                reply = await self._blocking.xread(
-                    {SAMPLES_KEY: self._samples_id, EVENTS_KEY: self._events_id},
-                    count=TAIL_BATCH,
-                    block=1000,
+                reply = cast(
+                    XReadReply,
+                    await self._blocking.xread(
+                        {SAMPLES_KEY: self._samples_id, EVENTS_KEY: self._events_id},
+                        count=TAIL_BATCH,
+                        block=1000,
+                    ),
                 )
                 raise_if_cancelled()
                 backoff.reset()
@@ -389,7 +403,9 @@ class MqttHeads:
 
     def _on_message(self, message: mqtt.MQTTMessage) -> None:
         """In paho's thread: check the head, hand it to the loop."""
-        payload, _signature = mqttsig.detach(message.payload)
+        # paho types a payload bytes | bytearray; what it receives is bytes, for which
+        # bytes() is the same object (no copy).
+        payload, _signature = mqttsig.detach(bytes(message.payload))
         try:
             body = json.loads(payload)
         except ValueError:

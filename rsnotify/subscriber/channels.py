@@ -36,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 import paho.mqtt.client as mqtt
 import websockets
 from paho.mqtt.reasoncodes import ReasonCode
+from websockets.asyncio.client import ClientConnection
 
 from .. import w3cdt
 from ..backoff import Backoff
@@ -204,7 +205,9 @@ class MqttChannel:
         for name, value in getattr(props, "UserProperty", None) or ():
             if name == SIGNATURE_PROPERTY:
                 signature = value
-        payload = message.payload
+        # paho types a payload bytes | bytearray; what it receives is bytes, for which
+        # bytes() is the same object (no copy).
+        payload = bytes(message.payload)
         if signature is None:  # MQTT 3.1.1: the signature may trail the payload
             payload, signature = mqttsig.detach(payload)
         if kind == "head":
@@ -248,7 +251,7 @@ class WebSocketChannel:
         self.generation = 0
         self._received: int | None = None
         self._task: asyncio.Task[None] | None = None
-        self._connection: websockets.asyncio.client.ClientConnection | None = None
+        self._connection: ClientConnection | None = None
         self._replay_from: int | None = None
         self._restart = asyncio.Event()
 
@@ -300,6 +303,7 @@ class WebSocketChannel:
     async def run(self) -> None:
         backoff = Backoff(initial=0.2, maximum=10.0)
         while True:
+            since: int | None
             if self._replay_from is not None:
                 since, self._replay_from = self._replay_from, None
             else:

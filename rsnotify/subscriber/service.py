@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shlex
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,12 @@ def channel_kind(via: str) -> str:
         f"{via}: a channel must be mqtt://, mqtts://, ws://, wss://, websub or a WebSub hub's "
         "http(s):// URL"
     )
+
+
+def _applied_seq_of(engine: CollectionSync) -> Callable[[], int | None]:
+    """Where a WebSocket channel resumes from: the engine's last applied seq, read
+    at each (re)connect, so a reconnect does not replay what was applied meanwhile."""
+    return lambda: engine.applied_seq
 
 
 class Subscriber:
@@ -305,7 +312,7 @@ class Subscriber:
                     hub,
                     cid,
                     engine.offer,
-                    since=lambda e=engine: e.applied_seq,
+                    since=_applied_seq_of(engine),
                     token=config.ws_token,
                     ssl_context=client_tls_context(config.ws_tls_ca) if config.ws_tls_ca else None,
                 )
@@ -395,13 +402,13 @@ class Subscriber:
             framework_topic=framework,
         )
 
-    def _telemetry(self, collection: str):  # type: ignore[no-untyped-def]
+    def _telemetry(self, collection: str) -> Callable[[Notification, float, float], None]:
         def on_applied(n: Notification, received: float, applied: float) -> None:
             self.metrics.observe(collection, n, received, applied)
 
         return on_applied
 
-    def _event_recorder(self, collection: str):  # type: ignore[no-untyped-def]
+    def _event_recorder(self, collection: str) -> Callable[[str, str, dict[str, Any]], None]:
         def on_event(kind: str, detail: str, data: dict[str, Any]) -> None:
             self.metrics.event(collection, kind)
             if self._cursors is not None:
@@ -438,7 +445,7 @@ class Subscriber:
         backoff = Backoff(maximum=30.0)
         while True:
             try:
-                await engine.start(lambda e=engine: self._baseline_for(e))
+                await engine.start(functools.partial(self._baseline_for, engine))
                 self.metrics.state(engine.collection, "live")
                 print(f"rsnotify subscribe: {engine.collection}: live", flush=True)
                 await engine.run()
@@ -460,7 +467,7 @@ class Subscriber:
     async def run_once(self) -> int:
         """Catch every collection up to the Source's current state, then return."""
         for engine in self.engines.values():
-            await engine.start(lambda e=engine: self._baseline_for(e))
+            await engine.start(functools.partial(self._baseline_for, engine))
             await engine.close()
             print(
                 f"rsnotify subscribe: {engine.collection}: up to date "

@@ -60,7 +60,7 @@ from ..tracker import Checkpoint, Known
 from ..w3cdt import format as format_datetime
 from . import events as ev
 from .applier import Applier, Outcome
-from .cursor import Cursor, CursorStore
+from .cursor import Cursor, Cursors
 from .gaps import Gap, GapDetector, Verdict
 from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL, PushHealth, Transition
 from .trust import DEFAULT_DOUBT_INTERVAL, DEFAULT_MAX_SKEW, DoubtLimiter, SeqMemory, beyond_skew
@@ -119,7 +119,7 @@ class CollectionSync:
         capability_list: str,
         watcher: CollectionWatcher,
         applier: Applier,
-        cursors: CursorStore,
+        cursors: Cursors,
         detector: GapDetector,
         keys: Mapping[str, bytes] | None = None,
         replay: Callable[[int | None], Awaitable[int]] | None = None,

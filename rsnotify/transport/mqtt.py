@@ -64,7 +64,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from .. import outbound
 from ..backoff import Backoff
 from ..collection import is_valid_collection_id
-from ..errors import RsNotifyError
+from ..errors import RsNotifyError, TrailerUnsupported
 from ..log import LogRecord, LogUnavailable, NotificationLog
 from . import InvalidBrokerURL, TransportError, mqttproblems, mqttsig
 from .mqttlink import BrokerLink, LinkState, LinkStats, check_protocol, tls_context
@@ -153,7 +153,7 @@ class MqttPusher:
         if signer is not None:
             try:
                 mqttsig.check_key_id(signer.key_id)
-            except mqttsig.TrailerUnsupported as exc:
+            except TrailerUnsupported as exc:
                 raise TransportError(f"signing key id: {exc}") from None
         has_tls_options = tls_ca or tls_cert or tls_key or tls_insecure
         if has_tls_options and not self.broker.tls:

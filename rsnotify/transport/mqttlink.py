@@ -197,8 +197,9 @@ class BrokerLink:
         self.conn = 0  # id of the current paho client; events of older ones are ignored
         self.connected = False
         self.state = LinkState("connecting")
-        self._client_protocol: int | None = None
-        self._worked: int | None = None  # the protocol of the last successful connection
+        self._client_protocol: mqtt.MQTTProtocolVersion | None = None
+        # the protocol of the last successful connection
+        self._worked: mqtt.MQTTProtocolVersion | None = None
         self._handoff = Handoff(logger)
         self._task: asyncio.Task[None] | None = None
         self._events: asyncio.Queue[tuple[int, str, ReasonCode | None, bool]] = asyncio.Queue()
@@ -217,7 +218,7 @@ class BrokerLink:
 
     # -- the loop ----------------------------------------------------------------------
 
-    def _first_protocol(self) -> int:
+    def _first_protocol(self) -> mqtt.MQTTProtocolVersion:
         if self.protocol != "auto":
             return PROTOCOLS[self.protocol]
         return self._worked or mqtt.MQTTv5
@@ -261,7 +262,7 @@ class BrokerLink:
                 )
             await asyncio.sleep(delay)
 
-    async def _attempt(self, protocol: int) -> problems.Problem | None:
+    async def _attempt(self, protocol: mqtt.MQTTProtocolVersion) -> problems.Problem | None:
         """One connection attempt: None once connected, else why not."""
         client, conn = self._new_client(protocol)
         old, self.client = self.client, client
@@ -341,7 +342,7 @@ class BrokerLink:
 
     # -- paho clients ---------------------------------------------------------------------
 
-    def _new_client(self, protocol: int) -> tuple[mqtt.Client, int]:
+    def _new_client(self, protocol: mqtt.MQTTProtocolVersion) -> tuple[mqtt.Client, int]:
         self.conn += 1
         conn = self.conn
         v5 = protocol == mqtt.MQTTv5
