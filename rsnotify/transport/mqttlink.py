@@ -273,7 +273,8 @@ class BrokerLink:
         if protocol == mqtt.MQTTv5:
             options["clean_start"] = self.session_expiry is None
             if self.session_expiry is not None:
-                props = Properties(PacketTypes.CONNECT)
+                # paho leaves Properties.__init__ unannotated.
+                props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
                 props.SessionExpiryInterval = self.session_expiry
                 options["properties"] = props
         try:
