@@ -26,8 +26,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+from aiohttp import web
 
 from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
@@ -44,8 +46,8 @@ from ..report import SubscriberReporter
 from ..tracker import Checkpoint
 from ..transport.topics import prefix_of
 from .applier import Applier, Hooks
-from .baseline import baseline
-from .channels import MqttChannel, WebSocketChannel, client_tls_context
+from .baseline import BaselineSummary, baseline
+from .channels import MqttChannel, Sink, WebSocketChannel, client_tls_context
 from .cursor import CursorStore, StateLock
 from .gaps import GapDetector
 from .mirror import Mirror
@@ -56,6 +58,9 @@ from .resources import ResourceStore
 from .sync import CollectionSync
 from .telemetry import SubscriberMetrics
 from .trust import DEFAULT_MAX_SKEW
+
+if TYPE_CHECKING:  # the types only: .websub is imported when --via websub asks for it
+    from .websub import CallbackServer, WebSubChannel
 
 log = logging.getLogger("rsnotify.subscribe")
 
@@ -117,6 +122,8 @@ class _CommandHooks(Hooks):
         super().__init__(self._run, self._run, self._run)
         self.argv = shlex.split(command)
 
+    # Any: the change as submitted to the Applier (an Entry, a Notification's
+    # change, any object with a loc), read by attribute as rules.read_change does.
     async def _run(self, change: Any, path: Path) -> None:
         env = dict(os.environ)
         env.update(
@@ -164,11 +171,11 @@ class Subscriber:
         self._fetcher: Fetcher | None = None
         self._cursors: CursorStore | RedisCursorStore | None = None
         self._resources: ResourceStore | None = None
-        self._channels: list[Any] = []
-        self._callbacks: Any = None  # the WebSub CallbackServer, when --via websub
+        self._channels: list[MqttChannel | WebSocketChannel | WebSubChannel] = []
+        self._callbacks: CallbackServer | None = None  # when --via websub
         self._tasks: list[asyncio.Task[None]] = []
         self._event_tasks: set[asyncio.Task[None]] = set()
-        self._metrics_runner: Any = None
+        self._metrics_runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
         self.stopping = asyncio.Event()
 
@@ -244,7 +251,7 @@ class Subscriber:
             retries=config.retries,
             max_skew=config.max_skew,
         )
-        mqtt_sinks: dict[str, Any] = {}
+        mqtt_sinks: dict[str, Sink] = {}
         mqtt_url: str | None = None
         wanted = set(config.collections)
         for cap in info.capability_lists:
@@ -308,7 +315,7 @@ class Subscriber:
                 self._channels.append(self._websub_channel(cap, cid, hub, engine))
                 self.metrics.transport.labels(cid).info({"transport": "websub"})
             elif channel_kind(hub) == "ws":
-                channel = WebSocketChannel(
+                ws_channel = WebSocketChannel(
                     hub,
                     cid,
                     engine.offer,
@@ -316,8 +323,8 @@ class Subscriber:
                     token=config.ws_token,
                     ssl_context=client_tls_context(config.ws_tls_ca) if config.ws_tls_ca else None,
                 )
-                engine.replay = channel.replay
-                self._channels.append(channel)
+                engine.replay = ws_channel.replay
+                self._channels.append(ws_channel)
                 self.metrics.transport.labels(cid).info({"transport": "websocket"})
             else:
                 mqtt_url = mqtt_url or hub
@@ -375,8 +382,13 @@ class Subscriber:
         )
 
     def _websub_channel(
-        self, cap: Any, cid: str, via: str, engine: CollectionSync, framework: bool = False
-    ) -> Any:
+        self,
+        cap: discovery.CapabilityListInfo,
+        cid: str,
+        via: str,
+        engine: CollectionSync,
+        framework: bool = False,
+    ) -> WebSubChannel:
         """A WebSub subscription for one collection's change (or framework) topic
         (wiring; see :mod:`.websub`)."""
         from .websub import CallbackServer, WebSubChannel, load_secret, websub_target
@@ -422,7 +434,7 @@ class Subscriber:
 
         return on_event
 
-    async def _baseline_for(self, engine: CollectionSync) -> Any:
+    async def _baseline_for(self, engine: CollectionSync) -> BaselineSummary | None:
         url, dump = engine.resourcelist_url, engine.resourcedump_url
         if url is None and dump is None:
             log.warning("%s: no Resource List; starting from the Change Lists", engine.collection)
