@@ -72,7 +72,7 @@ StreamRows = list[tuple[bytes, dict[bytes, bytes]]]
 XReadReply = list[tuple[bytes, StreamRows]]
 
 
-def _text(value: Any) -> str:
+def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -81,11 +81,11 @@ def _log_keys(collection: str) -> tuple[str, str]:
     return f"rsn:{tag}:log", f"rsn:{tag}:meta"
 
 
-def _seq(stream_id: Any) -> int:
+def _seq(stream_id: bytes | str) -> int:
     return int(_text(stream_id).split("-", 1)[0])
 
 
-def _log_entry(stream_id: Any, fields: dict[bytes, bytes]) -> tuple[int, float, float | None]:
+def _log_entry(stream_id: bytes, fields: dict[bytes, bytes]) -> tuple[int, float, float | None]:
     """(seq, logged epoch s, change time epoch s or None) of one log record."""
     logged = int(fields.get(b"t", 0) or 0) / 1000.0
     changed: float | None = None
@@ -98,7 +98,7 @@ def _log_entry(stream_id: Any, fields: dict[bytes, bytes]) -> tuple[int, float, 
     return _seq(stream_id), logged, changed
 
 
-def _status(raw: Any) -> dict[str, Any] | None:
+def _status(raw: bytes | None) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
