@@ -367,8 +367,16 @@ class BrokerLink:
             # paho counts its in-flight messages in this cap too.
             client.max_queued_messages_set(self.max_queued)
         post = self._handoff.post
+        # paho's callback API version 2 (CallbackOn*_v2).  Any: userdata, flags and
+        # properties that go unused, and SUBACK reason codes passed on as they come.
 
-        def on_connect(c: mqtt.Client, _u: Any, flags: Any, reason: ReasonCode, props: Any) -> None:
+        def on_connect(
+            c: mqtt.Client,
+            _u: Any,
+            flags: mqtt.ConnectFlags,
+            reason: ReasonCode,
+            props: Properties | None,
+        ) -> None:
             if not reason.is_failure and self.max_inflight is not None:
                 self.inflight_limit = _cap_inflight(c, self.max_inflight, props)
             session = bool(getattr(flags, "session_present", False))
