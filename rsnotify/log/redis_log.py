@@ -20,13 +20,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .. import redisurl
 from . import Fenced, LogConflict, LogRecord, LogUnavailable, NotificationLog, Retention
 
 # Any (strict module): redis-py types replies as any RESP value; each reply's shape
@@ -99,19 +99,18 @@ class RedisLog(NotificationLog):
         # connecting at once, each reading the log) waits for a free connection
         # instead of failing with "Too many connections" past redis-py's default
         # limit of 100, which refused those clients as if Redis were down.
-        pool = aioredis.BlockingConnectionPool.from_url(
+        self._redis = redisurl.client(
             url,
             max_connections=MAX_CONNECTIONS,
-            timeout=socket_timeout,
+            pool_timeout=socket_timeout,
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout,
             retry=retry,
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
-        self._redis = aioredis.Redis.from_pool(pool)
         # A separate client for blocking reads, so a long XREAD BLOCK never
         # holds up appends on a shared connection's timeout.
-        self._blocking = aioredis.Redis.from_url(url, socket_connect_timeout=socket_timeout)
+        self._blocking = redisurl.client(url, socket_connect_timeout=socket_timeout)
         self._append = self._redis.register_script(_APPEND)
         self._set_cursor = self._redis.register_script(_SET_CURSOR)
 
