@@ -74,7 +74,12 @@ class Sequencer:
         self.fence: int | None = None
 
     async def reload(self, collection: CollectionState) -> None:
-        """Take the head and checkpoint the log holds (another publisher may have moved it on)."""
+        """Take the head and checkpoint the log holds (another publisher may have moved it on).
+
+        Entries the log still holds back (a publisher died waiting for
+        replication, a failover lost their release) are released first.
+        """
+        await self.log.settle(collection.id)
         checkpoint = Checkpoint.from_json(await self.log.checkpoint(collection.id))
         collection.head = await self.log.head(collection.id)
         collection.watcher.reset(checkpoint)
