@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import threading
@@ -27,7 +28,14 @@ from rsnotify.errors import LogConflict, LogUnavailable
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.redisurl import SentinelTarget, parse_sentinel
 from rsnotify.transport.topics import Topics
-from tests.devstack import ManagedProcess, Mosquitto, SentinelGroup, async_wait_for, wait_for
+from tests.devstack import (
+    ManagedProcess,
+    Mosquitto,
+    Redis,
+    SentinelGroup,
+    async_wait_for,
+    wait_for,
+)
 
 
 @pytest.mark.parametrize(
@@ -131,6 +139,11 @@ def _get(url: str) -> bytes:
         return response.read()
 
 
+def _made(base: str) -> int:
+    """Changes the simulator has made so far."""
+    return int(json.loads(_get(f"{base}_simulator/stats"))["changes"])
+
+
 def _post(url: str) -> None:
     with urllib.request.urlopen(urllib.request.Request(url, method="POST", data=b"")) as r:
         r.read()
@@ -216,7 +229,15 @@ def run_failovers(
         pauses = []
         spacing = changes // (failovers + 1)
         for k in range(1, failovers + 1):
-            wait_for(lambda k=k: len(recorder.received) >= k * spacing, timeout=60)
+            # In steady state (the subscriber caught up with the Source), so the
+            # pause measured is the failover's, not a backlog's.
+            wait_for(
+                lambda k=k: (
+                    (made := _made(base)) >= k * spacing and len(recorder.received) >= made - 100
+                ),
+                timeout=60,
+                interval=0.05,
+            )
             killed = time.monotonic()
             group.fail_over()
             arrived = len(recorder.received)
@@ -246,12 +267,95 @@ def run_failovers(
         sim.terminate()
 
 
-def test_a_publisher_keeps_pushing_through_a_failover(
+def test_failover_under_load_never_gives_a_pushed_seq_another_entry(
     tmp_path: Path, mosquitto: Mosquitto, sentinel_group: SentinelGroup
 ) -> None:
-    recorder, pauses, _, logged = run_failovers(
-        tmp_path, mosquitto, sentinel_group, changes=2000, failovers=1
+    """Issue 19 acceptance, first bullet, scaled to stay under a minute.
+
+    5,000 changes at 200/s; the primary is ``kill -9``'d three times (each
+    time the replica is promoted and the old primary comes back as a
+    replica).  An independent MQTT subscriber records seq -> entry: no seq
+    may map to two entries, every seq arrives, and the log equals the Change
+    Lists entry for entry.  Replication before push is on (the default with
+    a Sentinel URL: one replica).
+    """
+    changes = 5000
+    recorder, pauses, expected, logged = run_failovers(
+        tmp_path, mosquitto, sentinel_group, changes=changes, failovers=3
     )
-    assert sorted(recorder.received) == list(range(1, 2001))
-    assert [n["seq"] for n in logged] == list(range(1, 2001))
+    assert recorder.reused == [], "a pushed seq came to mean another entry"
+    assert sorted(recorder.received) == list(range(1, changes + 1))
+    assert [n["seq"] for n in logged] == list(range(1, changes + 1)), "seqs dense, unique"
+    assert [(n["loc"], n["datetime"], n["change"]) for n in logged] == expected
+    for seq, identity in recorder.received.items():
+        n = logged[seq - 1]
+        assert identity == f"{n['loc']} {n['datetime']} {n['change']}", seq
     print(f"worst pause in pushing per failover (s): {[round(p, 2) for p in pauses]}")
+    assert len(pauses) == 3
+
+
+@pytest.mark.parametrize("wait_replicas", [0, 1])
+async def test_without_replication_waiting_a_failover_reuses_pushed_seqs(
+    sentinel_group: SentinelGroup, wait_replicas: int
+) -> None:
+    """Why replication before push exists (marked so: with 0 the problem shows).
+
+    The replica is down while entries 4..6 are appended; the primary then
+    stops answering, the replica comes back and is promoted without them,
+    and a restarted publisher (nothing in memory) numbers other entries
+    4..6.  Without waiting, a reader (any transport) had already seen the
+    first 4..6: seq 4 now means two entries.  With waiting, 4..6 were held
+    back until a replica had them, which never happened: no reader saw them.
+    """
+    group = sentinel_group
+    primary, replica = group.servers
+    sentinels = group.sentinels
+    reader = RedisLog(group.url, socket_timeout=1.0)
+    log = RedisLog(group.url, socket_timeout=1.0, wait_replicas=wait_replicas, wait_timeout=0.2)
+    held: asyncio.Task[int] | None = None
+    try:
+        await log.append("c", [b"a1", b"a2", b"a3"], expected_head=0, checkpoint="3")
+        await async_wait_for(group.replicas_in_sync, message="replica lagging")
+        await replica.async_stop()
+        held = asyncio.create_task(
+            log.append("c", [b"b4", b"b5", b"b6"], expected_head=3, checkpoint="6")
+        )
+        await async_wait_for(lambda: _meta_head(primary) == 6, message="no append")
+        seen = {r.seq: r.data for r in await reader.read("c", 0)}  # what a transport pushes
+        assert held.done() == (wait_replicas == 0)
+        # The primary stops answering; the replica, back without 4..6, is promoted.
+        primary.pause()
+        await replica.async_start()
+        await async_wait_for(
+            lambda: all(s.primary_address() == (replica.host, replica.port) for s in sentinels),
+            timeout=30,
+            interval=0.1,
+            message="the replica was not promoted",
+        )
+        primary.kill()
+        # A restarted publisher appends what the (changed) Change Lists hold now.
+        async with RedisLog(group.url, socket_timeout=1.0) as restarted:
+            head = await restarted.head("c")
+            assert head == 3, "the promoted replica lacks 4..6"
+            await restarted.append("c", [b"c4", b"c5", b"c6"], expected_head=3, checkpoint="6'")
+        now = {r.seq: r.data for r in await reader.read("c", 0)}
+        reused = sorted(seq for seq, data in seen.items() if now.get(seq) != data)
+        if wait_replicas:
+            assert sorted(seen) == [1, 2, 3] and reused == []
+        else:
+            assert reused == [4, 5, 6], "the problem replication waiting prevents"
+    finally:
+        if held is not None:
+            held.cancel()
+            with contextlib.suppress(asyncio.CancelledError, LogUnavailable):
+                await held
+        await log.close()
+        await reader.close()
+
+
+def _meta_head(server: Redis) -> int:
+    client = server.client(socket_timeout=1.0)
+    try:
+        return int(client.hget("rsn:{c}:meta", "head") or 0)
+    finally:
+        client.close()

@@ -159,10 +159,10 @@ class SentinelGroup:
             interval=0.1,
             message=lambda: f"Sentinels never saw {want}: {[s.knows() for s in self.sentinels]}",
         )
-        wait_for(self._replicas_in_sync, timeout, interval=0.05, message="replicas never synced")
+        wait_for(self.replicas_in_sync, timeout, interval=0.05, message="replicas never synced")
         return self
 
-    def _replicas_in_sync(self) -> bool:
+    def replicas_in_sync(self) -> bool:
         primary = self.primary()
         client = primary.client(socket_timeout=1.0)
         try:
@@ -203,7 +203,7 @@ class SentinelGroup:
         # Back as a replica of the new primary (the Sentinels would also convert it).
         old.extra_config = [f"replicaof {new.host} {new.port}"]
         old.start()
-        wait_for(self._replicas_in_sync, timeout, interval=0.05, message="replicas never synced")
+        wait_for(self.replicas_in_sync, timeout, interval=0.05, message="replicas never synced")
         return old, new
 
     def stop(self) -> None:
