@@ -246,10 +246,10 @@ class RedisLog(NotificationLog):
             if not staged:
                 return int(await self._call(self._append(keys=keys, args=args)))
             # One connection: WAIT counts the replicas that have this append.
-            pipe = self._redis.pipeline(transaction=False)
-            await self._append(keys=keys, args=args, client=pipe)  # queued, not sent
-            pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
-            head, acked = await self._call(pipe.execute())
+            async with self._redis.pipeline(transaction=False) as pipe:
+                await self._append(keys=keys, args=args, client=pipe)  # queued, not sent
+                pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
+                head, acked = await self._call(pipe.execute())
         except ResponseError as exc:
             text = str(exc)
             if "RSN_CONFLICT" in text:
@@ -283,11 +283,11 @@ class RedisLog(NotificationLog):
                     extra={"collection": collection},
                 )
                 next_warning += WARN_EVERY
-            pipe = self._redis.pipeline(transaction=False)
-            # Any later write on the connection: replication is one ordered stream.
-            pipe.hset(meta, "replicated_probe", int(time.time() * 1000))
-            pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
-            _, acked = await self._call(pipe.execute())
+            async with self._redis.pipeline(transaction=False) as pipe:
+                # Any later write on the connection: replication is one ordered stream.
+                pipe.hset(meta, "replicated_probe", int(time.time() * 1000))
+                pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
+                _, acked = await self._call(pipe.execute())
         await self._call(
             self._release(
                 keys=[log, _pending_key(collection)], args=["" if max_len is None else max_len]

@@ -210,6 +210,7 @@ class Sequencer:
         """Take the framework state and head the last leader committed."""
         assert collection.framework is not None
         stream = framework.stream(collection.id)
+        await self.log.settle(stream)  # what a previous leader left held back (see reload)
         collection.framework.state = FrameworkState.from_json(await self.log.checkpoint(stream))
         collection.framework_head = await self.log.head(stream)
 

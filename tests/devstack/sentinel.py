@@ -26,6 +26,10 @@ __all__ = ["Sentinel", "SentinelGroup"]
 SERVICE = "rsn"
 DOWN_AFTER_MS = 1000  # a primary silent this long is down (subjectively; a quorum agrees)
 FAILOVER_TIMEOUT_MS = 4000
+# Redis 7.0 waits 5 s before a diskless full sync, for more replicas to join
+# it; a returning replica would keep pushing paused that long (no replica
+# acknowledges a WAIT until one is in sync).
+QUICK_SYNC = ["repl-diskless-sync-delay 0"]
 
 
 class Sentinel(Service):
@@ -126,12 +130,16 @@ class SentinelGroup:
         appendfsync: str = "everysec",
     ) -> None:
         self.directory = Path(directory)
-        primary = Redis(self.directory / "redis-0", appendfsync=appendfsync)  # type: ignore[arg-type]
+        primary = Redis(
+            self.directory / "redis-0",
+            appendfsync=appendfsync,  # type: ignore[arg-type]
+            extra_config=QUICK_SYNC,
+        )
         self.servers = [primary] + [
             Redis(
                 self.directory / f"redis-{i}",
                 appendfsync=appendfsync,  # type: ignore[arg-type]
-                extra_config=f"replicaof {primary.host} {primary.port}",
+                extra_config=[*QUICK_SYNC, f"replicaof {primary.host} {primary.port}"],
             )
             for i in range(1, replicas + 1)
         ]
@@ -201,7 +209,7 @@ class SentinelGroup:
         )
         new = self.primary()
         # Back as a replica of the new primary (the Sentinels would also convert it).
-        old.extra_config = [f"replicaof {new.host} {new.port}"]
+        old.extra_config = [*QUICK_SYNC, f"replicaof {new.host} {new.port}"]
         old.start()
         wait_for(self.replicas_in_sync, timeout, interval=0.05, message="replicas never synced")
         return old, new
