@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .. import sitemap
+from .. import redisurl, sitemap
 from ..errors import RsNotifyError
 from ..httppolicy import HttpPolicy
 from ..log import Retention
@@ -126,7 +126,7 @@ class PublisherConfig:
         """The replicas to wait for (issue 19: a failover must not lose what was pushed)."""
         if self.redis_wait_replicas is not None:
             return self.redis_wait_replicas
-        return 1 if self.redis and self.redis.strip().lower().startswith("redis+sentinel:") else 0
+        return 1 if self.redis and redisurl.is_sentinel(self.redis) else 0
 
     def framework_enabled(self) -> bool:
         """Framework notifications travel on the WebSub hub's framework topics only."""

@@ -70,7 +70,7 @@ class DetectionLoop:
         collection = self.collection
         watcher = collection.watcher
         backoff = Backoff()
-        reload = False  # after an outage: the log may be another (failed over) primary
+        reload = False  # after a conflict or an outage (the log may be a failed-over primary)
         while not self.stopping.is_set():
             raise_if_cancelled()  # the log's Redis client may have swallowed a cancellation
             try:
@@ -109,13 +109,13 @@ class DetectionLoop:
                 log.warning(
                     "%s; reloading the checkpoint", exc, extra={"collection": collection.id}
                 )
-                await self.sequencer.reload(collection)
+                reload = True  # at the top of the loop, where its own failures are handled
                 continue
             except (FetchError, DocumentError, LogUnavailable) as exc:
                 self.metrics.poll_errors.labels(collection.id).inc()
                 # What was read but not logged must be read again: forget cached tails.
                 watcher.reset(watcher.checkpoint)
-                reload = isinstance(exc, LogUnavailable)
+                reload = reload or isinstance(exc, LogUnavailable)
                 delay = backoff.next()
                 log.warning(
                     "%s: %s; retrying in %.1fs",
