@@ -21,13 +21,21 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from redis.exceptions import RedisError
 
-from rsnotify import argtypes, sitemap, w3cdt
+from rsnotify import argtypes, report, sitemap, w3cdt
 from rsnotify.collection import collection_id
-from rsnotify.errors import LogConflict, LogUnavailable
+from rsnotify.dashboard.collector import Collector
+from rsnotify.dashboard.state import DashboardState
+from rsnotify.errors import CursorStoreUnavailable, LogConflict, LogUnavailable
 from rsnotify.log.redis_log import RedisLog
+from rsnotify.publisher.leader import LeaderElection
 from rsnotify.redisurl import SentinelTarget, parse_sentinel
+from rsnotify.subscriber.cursor import Cursor
+from rsnotify.subscriber.redis_cursor import RedisCursorStore
+from rsnotify.tracker import Checkpoint
 from rsnotify.transport.topics import Topics
+from rsnotify.transport.websubstore import RedisStore
 from tests.devstack import (
     ManagedProcess,
     Mosquitto,
@@ -359,3 +367,41 @@ def _meta_head(server: Redis) -> int:
         return int(client.hget("rsn:{c}:meta", "head") or 0)
     finally:
         client.close()
+
+
+async def test_every_component_follows_the_primary_through_a_failover(
+    sentinel_group: SentinelGroup,
+) -> None:
+    """Leader leases, subscriber cursors, WebSub subscriptions, dashboard, telemetry."""
+    url = sentinel_group.url
+    election = LeaderElection(url, group="g", owner="o")
+    cursors = RedisCursorStore(url, "dest", socket_timeout=1.0, patience=20.0)
+    subscriptions = RedisStore(url, socket_timeout=1.0)
+    telemetry = report.connect(url)
+    collector = Collector(url, DashboardState(time.time()))
+    cursor = Cursor("c", "http://s/c/capabilitylist.xml", 7, Checkpoint(), True)
+
+    async def all_work() -> bool:
+        try:
+            if not await election.renew():  # the lease lapses during a failover (3 s TTL)
+                election.leadership = None
+                await election.try_acquire()
+            await cursors.put(cursor)
+            assert await cursors.get("c") == cursor
+            assert await subscriptions.load() == []
+            await telemetry.ping()
+        except (RedisError, CursorStoreUnavailable, LogUnavailable):
+            return False
+        await collector.refresh()
+        return collector.ok and election.leadership is not None
+
+    try:
+        await async_wait_for(all_work, timeout=10, message="not working before the failover")
+        await asyncio.to_thread(sentinel_group.fail_over)
+        await async_wait_for(all_work, timeout=20, message="not working after the failover")
+    finally:
+        await election.close()
+        await cursors.close()
+        await subscriptions.close()
+        await telemetry.aclose()
+        await collector.stop()
