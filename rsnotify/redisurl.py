@@ -123,23 +123,29 @@ def client(
         )
         return aioredis.Redis.from_pool(pool)
     target = parse_sentinel(url)
-    sentinel_kwargs = {
+    sentinel_kwargs: dict[str, Any] = {
         key: kwargs[key] for key in ("socket_timeout", "socket_connect_timeout") if key in kwargs
     }
     if target.sentinel_password:
         sentinel_kwargs["password"] = target.sentinel_password
-    manager = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)
+    # Any: redis-py's Sentinel is untyped; master_for returns a Redis.
+    sentinel: Any = Sentinel
+    manager = sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)
     options: dict[str, Any] = dict(kwargs, db=target.db)
     if target.username:
         options["username"] = target.username
     if target.password:
         options["password"] = target.password
     if max_connections is None:
-        return manager.master_for(target.service, connection_pool_class=_SentinelPool, **options)
-    return manager.master_for(
+        primary: aioredis.Redis = manager.master_for(
+            target.service, connection_pool_class=_SentinelPool, **options
+        )
+        return primary
+    bounded: aioredis.Redis = manager.master_for(
         target.service,
         connection_pool_class=_BlockingSentinelPool,
         max_connections=max_connections,
         timeout=pool_timeout,
         **options,
     )
+    return bounded
