@@ -335,6 +335,14 @@ class Fenced(LogError, LocalError):
     """The appender's fencing token is older than the current leader's."""
 
 
+class LogDiverged(LogError, LocalError):
+    """The log no longer holds what this publisher pushed, and it cannot be restored.
+
+    Issue 19: after a failover a sequence number that was pushed would come
+    to mean another entry (see :mod:`rsnotify.publisher.pushed`).
+    """
+
+
 class StoreUnavailable(Unavailable):
     """The local database could not be used (disk full, I/O error, locked)."""
 

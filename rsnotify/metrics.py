@@ -68,6 +68,13 @@ class PublisherMetrics:
             ["collection"],
             registry=r,
         )
+        self.log_reconciled = Counter(
+            "rsnotify_log_reconciled_total",
+            "Times the log had lost pushed entries after a failover: rewritten from memory, "
+            "or refused (the collection stops; issue 19)",
+            ["collection", "outcome"],
+            registry=r,
+        )
         self.ws_clients = Gauge(
             "rsnotify_websocket_clients", "Connected WebSocket clients", registry=r
         )

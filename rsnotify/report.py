@@ -58,6 +58,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
+from . import redisurl
 from .argtypes import REDIS_SCHEMES
 from .cancellation import raise_if_cancelled
 from .envelope import LATENCY_STAGES
@@ -91,7 +92,8 @@ def check_url(url: str) -> str:
     scheme = urlsplit(url).scheme
     if scheme not in REDIS_SCHEMES:
         raise ReportError(
-            f"{url!r}: a telemetry target must be a redis://, rediss:// or unix:// URL"
+            f"{url!r}: a telemetry target must be a redis://, rediss://, unix:// "
+            "or redis+sentinel:// URL"
         )
     return url
 
@@ -100,7 +102,7 @@ def connect(url: str, *, timeout: float = 2.0) -> aioredis.Redis:
     """A client that fails fast: telemetry is dropped, never waited for."""
     check_url(url)
     try:
-        return aioredis.Redis.from_url(
+        return redisurl.client(
             url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,

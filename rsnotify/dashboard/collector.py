@@ -31,10 +31,9 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 import paho.mqtt.client as mqtt
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from .. import w3cdt
+from .. import redisurl, w3cdt
 from ..backoff import Backoff
 from ..cancellation import raise_if_cancelled
 from ..collection import is_valid_collection_id
@@ -109,8 +108,10 @@ def _status(raw: bytes | None) -> dict[str, Any] | None:
 
 
 def check_redis_url(url: str) -> str:
-    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-        raise RsNotifyError(f"{url!r}: --redis must be a redis://, rediss:// or unix:// URL")
+    if urlsplit(url).scheme not in redisurl.SCHEMES:
+        raise RsNotifyError(
+            f"{url!r}: --redis must be a redis://, rediss://, unix:// or redis+sentinel:// URL"
+        )
     return url
 
 
@@ -133,10 +134,8 @@ class Collector:
         self.on_samples = on_samples
         self.on_event = on_event
         try:
-            self.redis = aioredis.Redis.from_url(
-                redis_url, socket_timeout=5.0, socket_connect_timeout=5.0
-            )
-            self._blocking = aioredis.Redis.from_url(redis_url, socket_connect_timeout=5.0)
+            self.redis = redisurl.client(redis_url, socket_timeout=5.0, socket_connect_timeout=5.0)
+            self._blocking = redisurl.client(redis_url, socket_connect_timeout=5.0)
         except ValueError as exc:
             raise RsNotifyError(f"{redis_url!r}: {exc}") from None
         self.mqtt = (

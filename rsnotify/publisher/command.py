@@ -85,6 +85,22 @@ WHERE = Group(
         help="at start-up, retry an unreachable --redis this long, then exit 1 (default 60; "
         "once running, a Redis outage is retried for as long as it lasts)",
     ),
+    option(
+        "--redis-wait-replicas",
+        type=argtypes.nonneg_int,
+        default=None,
+        metavar="N",
+        help="push a logged entry only once N Redis replicas hold it (WAIT), so a failover "
+        "cannot lose it (default: 1 with a redis+sentinel:// URL, else 0; see deploy/README.md)",
+    ),
+    option(
+        "--redis-wait-ms",
+        type=argtypes.positive_int,
+        default=1000,
+        metavar="MS",
+        help="each WAIT for --redis-wait-replicas lasts this long; on time-out the entries "
+        "stay unpushed, a warning is logged and the WAIT repeats (default 1000)",
+    ),
     option("--state-dir", default=".rsnotify", help="embedded log directory (default: .rsnotify)"),
     option(
         "--retain",

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from .. import w3cdt
 from ..backoff import Backoff
 from ..cancellation import raise_if_cancelled
-from ..errors import DocumentError, FetchError
+from ..errors import DocumentError, FetchError, LogDiverged
 from ..log import Fenced, LogConflict, LogUnavailable
 from ..metrics import PublisherMetrics
 from .sequencer import CollectionState, Sequencer
@@ -70,9 +70,13 @@ class DetectionLoop:
         collection = self.collection
         watcher = collection.watcher
         backoff = Backoff()
+        reload = False  # after a conflict or an outage (the log may be a failed-over primary)
         while not self.stopping.is_set():
             raise_if_cancelled()  # the log's Redis client may have swallowed a cancellation
             try:
+                if reload:
+                    await self.sequencer.reload(collection)
+                    reload = False
                 holes = watcher.holes
                 result = await watcher.poll(DETECT_CHUNK)
                 detected = w3cdt.now()
@@ -93,16 +97,25 @@ class DetectionLoop:
             except Fenced as exc:
                 log.warning("%s; another publisher leads now", exc)
                 return  # the election notices the lost lease and stands down
+            except LogDiverged as exc:
+                log.error(
+                    "%s; appending to this collection stops (see deploy/README.md, failure model)",
+                    exc,
+                    extra={"collection": collection.id},
+                )
+                self._on_health(False)
+                return
             except LogConflict as exc:
                 log.warning(
                     "%s; reloading the checkpoint", exc, extra={"collection": collection.id}
                 )
-                await self.sequencer.reload(collection)
+                reload = True  # at the top of the loop, where its own failures are handled
                 continue
             except (FetchError, DocumentError, LogUnavailable) as exc:
                 self.metrics.poll_errors.labels(collection.id).inc()
                 # What was read but not logged must be read again: forget cached tails.
                 watcher.reset(watcher.checkpoint)
+                reload = reload or isinstance(exc, LogUnavailable)
                 delay = backoff.next()
                 log.warning(
                     "%s: %s; retrying in %.1fs",

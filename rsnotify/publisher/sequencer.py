@@ -29,11 +29,14 @@ from .. import framework
 from ..cancellation import raise_if_cancelled
 from ..changes.watcher import CollectionWatcher
 from ..envelope import Notification, to_json
+from ..errors import LogDiverged
 from ..framework import FrameworkChange
 from ..log import LogUnavailable, NotificationLog, Retention
+from ..log.tail_cache import TailCache
 from ..metrics import PublisherMetrics
 from ..tracker import Checkpoint, Detection
 from .frameworkwatch import FrameworkState, FrameworkWatcher
+from .pushed import PushedWindow, Refuse, Rewrite
 from .tasks import pause
 
 log = logging.getLogger("rsnotify.publish")
@@ -72,12 +75,66 @@ class Sequencer:
         self.retention = retention
         #: The leader's fencing token (``--ha``); None: no election, or not leading.
         self.fence: int | None = None
+        #: What this process appended, per collection, to check the log against (issue 19).
+        self.pushed: dict[str, PushedWindow] = {}
 
     async def reload(self, collection: CollectionState) -> None:
-        """Take the head and checkpoint the log holds (another publisher may have moved it on)."""
+        """Take the head and checkpoint the log holds (another publisher may have moved it on).
+
+        Entries the log still holds back (a publisher died waiting for
+        replication, a failover lost their release) are released first.
+        """
+        await self.log.settle(collection.id)
+        await self.reconcile(collection)
         checkpoint = Checkpoint.from_json(await self.log.checkpoint(collection.id))
         collection.head = await self.log.head(collection.id)
         collection.watcher.reset(checkpoint)
+
+    async def reconcile(self, collection: CollectionState) -> None:
+        """Check the log still holds what this process pushed; restore it, or raise LogDiverged.
+
+        The rule is :meth:`PushedWindow.reconcile`.  A failover that lost
+        pushed entries shows up here: the detection loop reloads after every
+        conflict or outage, and a rolled-back head would otherwise number the
+        next entries again.
+        """
+        window = self.pushed.get(collection.id)
+        if window is None or window.high == 0:
+            return
+        # The backend itself: the tail cache would answer from this very memory.
+        backend = self.log.inner if isinstance(self.log, TailCache) else self.log
+        head = await backend.head(collection.id)
+        earliest = await backend.earliest(collection.id)
+        logged: dict[int, bytes] = {}
+        after, last = max(window.low, earliest) - 1, min(head, window.high)
+        while after < last:
+            records = await backend.read(collection.id, after, min(1000, last - after))
+            if not records:
+                break
+            logged.update((r.seq, r.data) for r in records if r.seq <= last)
+            after = records[-1].seq
+        verdict = window.reconcile(head, earliest, logged)
+        if isinstance(verdict, Rewrite):
+            await self.log.append(
+                collection.id,
+                list(verdict.payloads),
+                expected_head=verdict.after,
+                checkpoint=verdict.checkpoint,
+                fence=self.fence,
+                max_len=self.retention.max_len,
+            )
+            self.metrics.log_reconciled.labels(collection.id, "rewritten").inc()
+            log.warning(
+                "%s: the log had lost seqs %d..%d, already pushed; wrote them again from memory",
+                collection.id,
+                verdict.after + 1,
+                window.high,
+                extra={"collection": collection.id},
+            )
+        elif isinstance(verdict, Refuse):
+            self.metrics.log_reconciled.labels(collection.id, "refused").inc()
+            window.forget()
+            raise LogDiverged(f"{collection.id}: {verdict.reason}")
 
     async def commit_checkpoint(self, collection: CollectionState, checkpoint: Checkpoint) -> None:
         """Move the checkpoint on without entries (the lists were read through)."""
@@ -120,14 +177,17 @@ class Sequencer:
                     )
                 )
                 previous = entry.change_time
+            committed = checkpoint.to_json()
             collection.head = await self.log.append(
                 collection.id,
                 payloads,
                 expected_head=head,
-                checkpoint=checkpoint.to_json(),
+                checkpoint=committed,
                 fence=self.fence,
                 max_len=self.retention.max_len,
             )
+            window = self.pushed.setdefault(collection.id, PushedWindow())
+            window.record(head + 1, payloads, committed)
             watcher.commit(checkpoint)
             if collection.framework is not None:  # a "changelist updated" at the next check
                 collection.framework.note_entries(found.changelist, entries[-1].change_time)
@@ -150,6 +210,7 @@ class Sequencer:
         """Take the framework state and head the last leader committed."""
         assert collection.framework is not None
         stream = framework.stream(collection.id)
+        await self.log.settle(stream)  # what a previous leader left held back (see reload)
         collection.framework.state = FrameworkState.from_json(await self.log.checkpoint(stream))
         collection.framework_head = await self.log.head(stream)
 

@@ -173,7 +173,14 @@ class Publisher:
         self.role = role = role_of(config)
         # Its own transports read back what it appends: from memory, not the backend.
         try:
-            self.log = TailCache(open_log(config.redis, config.state_dir))
+            self.log = TailCache(
+                open_log(
+                    config.redis,
+                    config.state_dir,
+                    wait_replicas=config.wait_replicas(),
+                    wait_timeout=config.redis_wait_ms / 1000,
+                )
+            )
         except (OSError, sqlite3.Error) as exc:
             raise RsNotifyError(f"--state-dir {config.state_dir}: {exc}") from None
         self._fetcher = Fetcher(policy=config.http.with_credential_origins([config.source]))

@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .. import redisurl
 from ..backoff import Backoff
 from ..cancellation import raise_if_cancelled
 from ..errors import CursorStoreUnavailable
@@ -66,7 +66,7 @@ class RedisCursorStore:
         tag = "{" + destination + "}"
         self._cursors_key = f"rsn:dest:{tag}:cursors"
         self._events_key = f"rsn:dest:{tag}:events"
-        self._redis = aioredis.Redis.from_url(
+        self._redis = redisurl.client(
             url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
 

@@ -23,7 +23,8 @@ One job per module:
 * :mod:`.service`: :class:`Service`, the start/stop/restart/pause lifecycle
   of a server on a fixed port;
 * :mod:`.brokers`, :mod:`.redis_server`, :mod:`.static`: the servers
-  themselves (Mosquitto, NATS, Redis, nginx, ``python -m http.server``).
+  themselves (Mosquitto, NATS, Redis, nginx, ``python -m http.server``);
+* :mod:`.sentinel`: a Redis primary, replicas and Sentinels, with failover.
 
 Importing this package changes no global state; the first
 :meth:`ManagedProcess.start` installs the safety nets (see :mod:`.process`).
@@ -35,6 +36,7 @@ from .brokers import Mosquitto, NatsServer, mosquitto_password_line, mqtt_connac
 from .ports import HOST, free_port
 from .process import STOP_TIMEOUT, ManagedProcess, OutputMark, StrPath, rsnotify_command
 from .redis_server import Redis
+from .sentinel import Sentinel, SentinelGroup
 from .service import Service
 from .static import HttpServer, Nginx
 from .waiting import DEFAULT_TIMEOUT, async_wait_for, wait_for
@@ -50,6 +52,8 @@ __all__ = [
     "Nginx",
     "OutputMark",
     "Redis",
+    "Sentinel",
+    "SentinelGroup",
     "Service",
     "StrPath",
     "async_wait_for",
