@@ -12,9 +12,15 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
+from collections.abc import Callable
+from pathlib import Path
 
 from rsnotify import sitemap
 from rsnotify.model import Capability, ChangeType, parse_hashes
+from tests.devstack import ManagedProcess
+from tests.groundtruth import mirror_differences
+from tests.helpers import get_json as get_json_sync
+from tests.helpers import post_json
 from tests.test_simulator import body, get_json, post, running
 
 
@@ -65,3 +71,35 @@ async def test_without_the_option_there_is_no_change_dump() -> None:
         assert Capability.CHANGEDUMP not in {e.capability for e in capabilities}
         async with session.get(f"{sim.url}c1/changedump.xml") as response:
             assert response.status == 404
+
+
+# --- a Destination catching up from the Change Dump -------------------------------------
+
+
+def test_a_destination_away_for_many_changes_catches_up_from_the_packages(
+    rsnotify_process: Callable[..., ManagedProcess], tmp_path: Path
+) -> None:
+    """The mirror equals the Source, and the packages replace nearly every resource GET."""
+    changes, per_list = 1200, 100
+    simulator = rsnotify_process(
+        "simulate", "--port", "0", "--rate", "0", "--resources", "300", "--seed", "3",
+        "--changelist-size", str(per_list), "--change-dump", "--quiet",
+    )  # fmt: skip
+    base = simulator.wait_for_line(r"serving (http://\S+)", timeout=60).group(1)
+    argv = ("subscribe", base, "--into", str(tmp_path / "mirror"),
+            "--state", str(tmp_path / "state"), "--once", "--log-format", "text")  # fmt: skip
+    first = rsnotify_process(*argv, name="baseline")
+    assert first.wait(timeout=120) == 0, first.tail()
+    post_json(f"{base}_simulator/advance?n={changes + per_list // 2}")  # the last list open
+    before = get_json_sync(f"{base}_simulator/stats")
+    catching = rsnotify_process(*argv, name="catch-up")
+    assert catching.wait(timeout=120) == 0, catching.tail()
+    after = get_json_sync(f"{base}_simulator/stats")
+    truth = get_json_sync(f"{base}_simulator/state")
+    assert mirror_differences(truth, tmp_path / "mirror") == []
+    gets = after["resource_gets"] - before["resource_gets"]
+    assert after["package_gets"] - before["package_gets"] == changes // per_list, catching.output()
+    # Only the open list's changes (at most per_list // 2 resources) are fetched one by one.
+    assert gets <= per_list // 2, catching.tail()
+    assert "Change Dump package(s)" in catching.output()
+    assert not list((tmp_path / "state").rglob("*.zip"))  # packages removed once read

@@ -190,11 +190,14 @@ class Applier:
         collection: str | None = None,
         reuse: bool = False,
         unordered: bool = False,
+        body: bytes | None = None,
     ) -> asyncio.Future[Outcome]:
         """Queue ``change``; it runs after every earlier submitted change of its ``loc``.
 
         ``confirmed=False`` marks a change nobody vouched for (pushed without a
-        signature): see the module docstring.  Raises :class:`InvalidChange` at
+        signature): see the module docstring.  ``body``: the change's bytes at
+        hand (a Change Dump package), written instead of a fetch if they verify
+        against the change (:meth:`.transfer.Transfer.fetch`).  Raises :class:`InvalidChange` at
         once for an unusable object.  The returned future holds the
         :class:`Outcome` (or a local failure).
         """
@@ -211,14 +214,18 @@ class Applier:
             return self._submit_record(view, change)
         previous = self._tails.get(view.loc)
         self._queued.setdefault(view.loc, []).append(view.datetime)
-        task = asyncio.get_running_loop().create_task(self._after(previous, view, change))
+        task = asyncio.get_running_loop().create_task(self._after(previous, view, change, body))
         self._tails[view.loc] = task
         self._pending.add(task)
         task.add_done_callback(functools.partial(self._finished, view))
         return task
 
     async def _after(
-        self, previous: asyncio.Task[Outcome] | None, view: ChangeView, change: Any
+        self,
+        previous: asyncio.Task[Outcome] | None,
+        view: ChangeView,
+        change: Any,
+        body: bytes | None = None,
     ) -> Outcome:
         if previous is not None and not previous.done():
             # Its result or failure is its submitter's; this change only waits.
@@ -230,7 +237,7 @@ class Applier:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # this change is cancelled itself
-        return await self._apply(view, change, functools.partial(self._newer_queued, view))
+        return await self._apply(view, change, functools.partial(self._newer_queued, view), body)
 
     async def settle_many(self, changes: list[Any]) -> list[bool]:
         """Which of ``changes`` (read from the Source's Change Lists) need no work at all.
@@ -472,7 +479,9 @@ class Applier:
             return Outcome.SKIPPED_ALREADY_APPLIED
         return None
 
-    async def _apply(self, view: ChangeView, change: Any, superseded: Any) -> Outcome:
+    async def _apply(
+        self, view: ChangeView, change: Any, superseded: Any, body: bytes | None = None
+    ) -> Outcome:
         path, refusal = self._vet(view)
         if refusal is not None:
             return await self._report(view, change, refusal)
@@ -557,6 +566,7 @@ class Applier:
             superseded,
             unless_sha256=state.sha256 if recheck == "provisional" and state else None,
             only_if_current=recheck == "back-dated",
+            packaged=body,
         )
         if isinstance(result, Failure):
             return await self._report(view, change, result)

@@ -43,11 +43,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import tempfile
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, cast
 
 from .. import envelope, framework
@@ -58,6 +60,7 @@ from ..errors import DocumentError, FetchError, RsNotifyError
 from ..model import ChangeType, Entry, sort_chronologically
 from ..tracker import Checkpoint, Known
 from ..w3cdt import format as format_datetime
+from . import changedump
 from . import events as ev
 from .applier import Applier, Outcome
 from .cursor import Cursor, Cursors
@@ -101,8 +104,20 @@ class SyncStats:
     mode: str = "push"  # push, or polling while the push channel is down
     mode_reason: str = ""  # why (the channel's last word)
     doubts: int = 0  # untrusted input that disagreed with the Source (each settled by a walk)
+    dump_packages: int = 0  # Change Dump packages downloaded by catch-ups
+    dump_bodies: int = 0  # changes whose bytes came from them (see .changedump)
     last_gap: dict[str, Any] = field(default_factory=dict)
     state: str = "starting"  # starting, baseline, catching-up, live
+
+
+@dataclass(slots=True)
+class _Found:
+    """The entries of one Change List read by a walk, and which need no work."""
+
+    changelist: str
+    unordered: bool
+    entries: list[Entry]
+    settled: list[bool]
 
 
 def _entry_of(n: Notification) -> Entry:
@@ -127,6 +142,8 @@ class CollectionSync:
         on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
         resourcelist_url: str | None = None,
         resourcedump_url: str | None = None,
+        changedump_url: str | None = None,
+        workdir: Path | None = None,
         tick: float = 0.5,
         max_skew: float = DEFAULT_MAX_SKEW,
         doubt_interval: float = DEFAULT_DOUBT_INTERVAL,
@@ -163,6 +180,8 @@ class CollectionSync:
         self.sole_collection = False
         self.resourcelist_url = resourcelist_url
         self.resourcedump_url = resourcedump_url
+        self.changedump_url = changedump_url  # catch-ups take bytes from it (.changedump)
+        self.workdir = workdir or Path(tempfile.gettempdir())  # where packages are downloaded
         self.queue: asyncio.Queue[ev.Event] = asyncio.Queue(QUEUE_SIZE)
         self.stats = SyncStats()
         self._pending: deque[_Pending] = deque()
@@ -236,14 +255,21 @@ class CollectionSync:
     # -- the ordered pipeline ------------------------------------------------------------
 
     def _submit(
-        self, entry: Entry, changelist: str, *, unordered: bool = False, settled: bool = False
+        self,
+        entry: Entry,
+        changelist: str,
+        *,
+        unordered: bool = False,
+        settled: bool = False,
+        body: bytes | None = None,
     ) -> None:
         """Apply a Change List entry read from the Source, moving the position over it.
 
         ``unordered``: its list was out of forward chronological order, so the
         applier asks the Source where a change time would otherwise decide.
         ``settled``: the mirror already holds exactly this change (push applied
-        it): only the position moves (:meth:`Applier.settle_many`).
+        it): only the position moves (:meth:`Applier.settle_many`).  ``body``:
+        its bytes from a Change Dump package (:meth:`_packaged`).
         """
         if not self._submitted.is_new(entry):
             self.stats.skipped += 1
@@ -254,7 +280,9 @@ class CollectionSync:
                 self.stats.skipped += 1
                 self._pending.append(_Pending(None, None, self._submitted))
             else:
-                future = self.applier.submit(entry, collection=self.collection, unordered=unordered)
+                future = self.applier.submit(
+                    entry, collection=self.collection, unordered=unordered, body=body
+                )
                 self._pending.append(_Pending(future, None, self._submitted))
         self._wake.set()
 
@@ -414,6 +442,7 @@ class CollectionSync:
                     result = await self.watcher.poll()
                     if not result.count:
                         break
+                    batch: list[_Found] = []
                     for found in result.detections:
                         # In change-time order (stable): a list read out of order
                         # (--lenient order, the default here) is applied as if the
@@ -421,8 +450,16 @@ class CollectionSync:
                         unordered = found.changelist in self.watcher.unordered_lists
                         entries = sort_chronologically(found.entries)
                         settled = await self.applier.settle_many(entries)
-                        for entry, done in zip(entries, settled, strict=True):
-                            self._submit(entry, found.changelist, unordered=unordered, settled=done)
+                        batch.append(_Found(found.changelist, unordered, entries, settled))
+                    bodies = await self._packaged(batch)
+                    for item in batch:  # no await: all queued before any runs (superseding)
+                        for entry, done in zip(item.entries, item.settled, strict=True):
+                            key = changedump.key_of(entry) if bodies else None
+                            body = bodies.get(key) if key is not None else None
+                            self._submit(
+                                entry, item.changelist,
+                                unordered=item.unordered, settled=done, body=body,
+                            )  # fmt: skip
                             applied += 0 if done else 1
                     self.watcher.commit(result.checkpoint)
                 if wait:
@@ -447,6 +484,42 @@ class CollectionSync:
                     extra={"collection": self.collection},
                 )
                 await asyncio.sleep(delay)
+
+    async def _packaged(self, batch: list[_Found]) -> dict[changedump.Key, bytes]:
+        """Bytes for the walk's changes from the Source's Change Dump, if it has one.
+
+        Only for the last change of each resource in the walk (the applier
+        supersedes the earlier ones without a fetch), from lists read in
+        order, and only when there are enough of them (:mod:`.changedump`).
+        """
+        if self.changedump_url is None or self.applier.metadata_only:
+            return {}
+        last: dict[str, Entry] = {}
+        for item in batch:
+            for entry, done in zip(item.entries, item.settled, strict=True):
+                if done:
+                    continue
+                last.pop(entry.loc, None)  # re-inserted: dict order is change order
+                if not item.unordered:
+                    last[entry.loc] = entry
+        wanted = [e for e in last.values() if e.change is not ChangeType.DELETED]
+        packaged = await changedump.bodies_from_change_dump(
+            self.applier.fetcher,
+            self.changedump_url,
+            wanted,
+            workdir=self.workdir,
+            allowed_origins=self.applier.allowed_origins,
+        )
+        self.stats.dump_packages += packaged.packages
+        self.stats.dump_bodies += len(packaged.bodies)
+        if packaged.packages:
+            self._event(
+                "change-dump",
+                f"{len(packaged.bodies)} of {len(wanted)} bodies from {packaged.packages} "
+                f"Change Dump package(s), {packaged.package_bytes} bytes",
+                {"bodies": len(packaged.bodies), "packages": packaged.packages},
+            )
+        return packaged.bodies
 
     def _fresh_checkpoint(self, at: datetime | None) -> Checkpoint:
         """The position right after a baseline taken at ``at``.
