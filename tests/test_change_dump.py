@@ -13,14 +13,18 @@ import hashlib
 import io
 import zipfile
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
-from rsnotify import sitemap
-from rsnotify.model import Capability, ChangeType, parse_hashes
+from rsnotify import sitemap, w3cdt
+from rsnotify.model import Capability, ChangeType, Entry, parse_hashes
+from rsnotify.subscriber.applier import Outcome
+from rsnotify.subscriber.changedump import Packaged, bodies_from_change_dump, extract, key_of
 from tests.devstack import ManagedProcess
 from tests.groundtruth import mirror_differences
 from tests.helpers import get_json as get_json_sync
 from tests.helpers import post_json
+from tests.test_applier import Env, Source, _zip, at, env, fixity, source  # noqa: F401  (fixtures)
 from tests.test_simulator import body, get_json, post, running
 
 
@@ -103,3 +107,139 @@ def test_a_destination_away_for_many_changes_catches_up_from_the_packages(
     assert gets <= per_list // 2, catching.tail()
     assert "Change Dump package(s)" in catching.output()
     assert not list((tmp_path / "state").rglob("*.zip"))  # packages removed once read
+
+
+# --- hostile packages: refused, or fetched instead; never outside the mirror ---------------
+
+MANIFEST_HEAD = (
+    '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
+    'xmlns:rs="http://www.openarchives.org/rs/terms/">'
+)
+
+
+def _change(mirror_env: Env, path: str, body: bytes, when: datetime) -> Entry:
+    return Entry(
+        loc=mirror_env.source.url(path), change=ChangeType.UPDATED, datetime=when,
+        hash=fixity(body), length=len(body),
+    )  # fmt: skip
+
+
+def _manifest_entry(change: Entry, member: str, *, body: bytes | None = None) -> str:
+    """The manifest's word for ``change``: its own, or that of ``body`` when it lies."""
+    stated = f'length="{change.length}" hash="{change.hash}"'
+    if body is not None:
+        stated = f'length="{len(body)}" hash="{fixity(body)}"'
+    return (
+        f"<url><loc>{change.loc}</loc><lastmod>{w3cdt.format(change.change_time)}</lastmod>"
+        f'<rs:md change="updated" {stated} path="{member}"/></url>'
+    )
+
+
+def _serve_dump(mirror_env: Env, package: bytes, *, length: int | None = None) -> str:
+    served = mirror_env.source
+    served.files["/dump/p1.zip"] = package
+    served.files["/changedump.xml"] = (
+        MANIFEST_HEAD + '<rs:md capability="changedump" from="2024-05-01T00:00:00Z"/>'
+        f"<url><loc>{served.url('/dump/p1.zip')}</loc>"
+        f'<rs:md type="application/zip" length="{length or len(package)}" '
+        'from="2024-05-01T00:00:00Z" until="2024-05-02T00:00:00Z"/></url></urlset>'
+    ).encode()
+    return served.url("/changedump.xml")
+
+
+async def _apply_with_dump(
+    mirror_env: Env, changes: list[Entry], url: str, workdir: Path
+) -> Packaged:
+    packaged = await bodies_from_change_dump(
+        mirror_env.fetcher, url, changes, workdir=workdir,
+        allowed_origins=[mirror_env.source.base],
+        min_bodies=1,
+    )  # fmt: skip
+    applier = mirror_env.applier()
+    futures = [applier.submit(c, body=packaged.bodies.get(key_of(c))) for c in changes]  # type: ignore[arg-type]
+    assert [await f for f in futures] == [Outcome.APPLIED] * len(changes)
+    return packaged
+
+
+async def test_a_hostile_change_dump_package_is_refused_member_by_member(
+    env: Env,  # noqa: F811  (the fixture imported above)
+    source: Source,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Traversal names are only looked up; bombs, lies and gaps fall back to a fetch."""
+    bodies = {p: f"the true bytes of {p}".encode() for p in
+              ("/r/good", "/r/lying", "/r/bomb", "/r/absent", "/r/claims")}  # fmt: skip
+    source.files.update(bodies)
+    changes = [_change(env, p, b, at(i)) for i, (p, b) in enumerate(bodies.items())]
+    good, lying, bomb, absent, claims = changes
+    manifest = (
+        MANIFEST_HEAD
+        + '<rs:md capability="changedump-manifest" from="2024-05-01T00:00:00Z"/>'
+        + _manifest_entry(good, "/../../../etc/good")
+        + _manifest_entry(lying, "/lying")  # the member's bytes are not what it says
+        + _manifest_entry(bomb, "/bomb")  # 50 MB behind a length of a few bytes
+        + _manifest_entry(absent, "/absent")  # no such member
+        + _manifest_entry(claims, "/claims", body=b"other bytes")  # disagrees with the list
+        + "<url><loc>http://elsewhere.example/x</loc><lastmod>2024-05-01T12:00:10Z</lastmod>"
+        '<rs:md change="created" length="1" path="/../../x"/></url>'  # no such change
+         + "</urlset>"
+    )
+    package = _zip(
+        {
+            "../../../etc/good": bodies["/r/good"],
+            "lying": b"x" * len(bodies["/r/lying"]),
+            "bomb": b"0" * 50_000_000,
+            "claims": b"other bytes",
+            "../../x": b"x",
+        },
+        manifest,
+    )
+    packaged = await _apply_with_dump(env, changes, _serve_dump(env, package), tmp_path / "state")
+    assert list(packaged.bodies) == [key_of(good)] and packaged.packages == 1, packaged.refused
+    for path, data in bodies.items():
+        assert env.path(path).read_bytes() == data
+    assert sorted(p for p in source.requests if p.startswith("/r/")) == [
+        "/r/absent", "/r/bomb", "/r/claims", "/r/lying",
+    ]  # fmt: skip  # the good member came from the package; the others were fetched
+    assert len(packaged.refused) == 4, packaged.refused
+    assert not (tmp_path / "etc").exists() and not (tmp_path / "x").exists()
+    assert all(p.is_relative_to(env.mirror.root) for p in env.mirror.root.rglob("*"))
+    assert not list((tmp_path / "state").glob("*.zip"))
+
+
+async def test_a_member_whose_zip_entry_lies_about_its_size_is_not_used(tmp_path: Path) -> None:
+    """A ZIP directory that promises fewer bytes than the member holds (a disguised bomb)."""
+    data = b"A" * 4000
+    when = datetime(2024, 5, 1, 12, tzinfo=UTC)
+    change = Entry(loc="http://s.example/r", change=ChangeType.UPDATED, datetime=when,
+                   hash=fixity(data[:10]), length=10)  # fmt: skip
+    package = _zip({"m": data}, MANIFEST_HEAD
+                   + '<rs:md capability="changedump-manifest" from="2024-05-01T00:00:00Z"/>'
+                   + _manifest_entry(change, "/m") + "</urlset>")  # fmt: skip
+    # Rewrite the member's declared size (local header and central directory) to 10.
+    real = (4000).to_bytes(4, "little")
+    package = package.replace(real + real, (10).to_bytes(4, "little") * 2)
+    path = tmp_path / "p.zip"
+    path.write_bytes(package)
+    result = Packaged()
+    extract(path, "p.zip", {key_of(change): change}, result)  # type: ignore[dict-item]
+    assert result.bodies == {} and len(result.refused) == 1, result.refused
+
+
+async def test_an_unusable_package_means_every_change_is_fetched(
+    env: Env,  # noqa: F811  (the fixture imported above)
+    source: Source,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    source.files["/r/a"] = b"bytes of a"
+    change = _change(env, "/r/a", b"bytes of a", at(1))
+    url = _serve_dump(env, b"this is not a ZIP file")
+    packaged = await _apply_with_dump(env, [change], url, tmp_path / "state")
+    assert packaged.bodies == {} and source.requests.count("/r/a") == 1
+    # A package whose advertised length disagrees is not even opened.
+    package = _zip({"a": b"bytes of a"}, "<urlset/>")
+    url = _serve_dump(env, package, length=len(package) + 1)
+    later = _change(env, "/r/a", b"bytes of a", at(2))
+    packaged = await _apply_with_dump(env, [later], url, tmp_path / "state")
+    assert packaged.bodies == {} and packaged.packages == 0
+    assert not list((tmp_path / "state").glob("*.zip"))
