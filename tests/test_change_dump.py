@@ -105,7 +105,10 @@ def test_a_destination_away_for_many_changes_catches_up_from_the_packages(
     assert after["package_gets"] - before["package_gets"] == changes // per_list, catching.output()
     # Only the open list's changes (at most per_list // 2 resources) are fetched one by one.
     assert gets <= per_list // 2, catching.tail()
-    assert "Change Dump package(s)" in catching.output()
+    output = catching.output()
+    assert "Change Dump package(s)" in output
+    # Changes a later one of the walk supersedes are recorded at once, never fetched.
+    assert "superseded by newer ones of the same walk" in output
     assert not list((tmp_path / "state").rglob("*.zip"))  # packages removed once read
 
 

@@ -29,13 +29,14 @@ Changes of one resource are applied in order, different resources
 concurrently (the applier's per-URI chains); the cursor follows the longest
 applied prefix.
 
-Why one module of ~900 lines: it is one state machine per collection, and
+Why one module of ~1,000 lines: it is one state machine per collection, and
 every event (a notification, a head, a reconnect, a timer, a hole in the
 Change Lists) reads and moves the same few positions (the trusted Change List
 position, the submitted frontier, the sequence count, the push mode).  The
 pure decisions it delegates live beside it: :mod:`.gaps` (sequence and
 interval gaps), :mod:`.trust` (what push may move), :mod:`.pushhealth` (push
-or poll), :mod:`.rules` (what to do with one change).
+or poll), :mod:`.rules` (what to do with one change), :mod:`.changedump`
+(a catch-up's bytes from the Source's Change Dump packages).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -71,6 +72,7 @@ from .trust import DEFAULT_DOUBT_INTERVAL, DEFAULT_MAX_SKEW, DoubtLimiter, SeqMe
 log = logging.getLogger("rsnotify.subscribe")
 
 QUEUE_SIZE = 100_000
+_TICK = timedelta(microseconds=1)
 CATCH_UP_PASSES = 3  # reads of the Change Lists per catch-up (see _walk_change_lists)
 SAVE_INTERVAL = 1.0  # seconds between cursor writes while changes keep coming
 CATCH_UP_ATTEMPTS = 5  # reads of the Change Lists before a catch-up gives up
@@ -118,6 +120,7 @@ class _Found:
     unordered: bool
     entries: list[Entry]
     settled: list[bool]
+    superseded: list[bool] = field(default_factory=list)  # by a later entry of the walk
 
 
 def _entry_of(n: Notification) -> Entry:
@@ -261,6 +264,7 @@ class CollectionSync:
         *,
         unordered: bool = False,
         settled: bool = False,
+        superseded: bool = False,
         body: bytes | None = None,
     ) -> None:
         """Apply a Change List entry read from the Source, moving the position over it.
@@ -268,16 +272,22 @@ class CollectionSync:
         ``unordered``: its list was out of forward chronological order, so the
         applier asks the Source where a change time would otherwise decide.
         ``settled``: the mirror already holds exactly this change (push applied
-        it): only the position moves (:meth:`Applier.settle_many`).  ``body``:
-        its bytes from a Change Dump package (:meth:`_packaged`).
+        it): only the position moves (:meth:`Applier.settle_many`).
+        ``superseded``: recorded as such already (:meth:`_supersede`): only
+        the position moves, and it counts as applied, as the applier's
+        superseded outcome does.  ``body``: its bytes from a Change Dump
+        package (:meth:`_packaged`).
         """
         if not self._submitted.is_new(entry):
             self.stats.skipped += 1
             self._pending.append(_Pending(None, None, None))
         else:
             self._submitted = self._submitted.advance(entry, changelist)
-            if settled:
-                self.stats.skipped += 1
+            if settled or superseded:
+                if superseded:
+                    self.stats.applied += 1
+                else:
+                    self.stats.skipped += 1
                 self._pending.append(_Pending(None, None, self._submitted))
             else:
                 future = self.applier.submit(
@@ -451,14 +461,17 @@ class CollectionSync:
                         entries = sort_chronologically(found.entries)
                         settled = await self.applier.settle_many(entries)
                         batch.append(_Found(found.changelist, unordered, entries, settled))
+                    await self._supersede(batch)
                     bodies = await self._packaged(batch)
                     for item in batch:  # no await: all queued before any runs (superseding)
-                        for entry, done in zip(item.entries, item.settled, strict=True):
+                        for entry, done, over in zip(
+                            item.entries, item.settled, item.superseded, strict=True
+                        ):
                             key = changedump.key_of(entry) if bodies else None
                             body = bodies.get(key) if key is not None else None
                             self._submit(
-                                entry, item.changelist,
-                                unordered=item.unordered, settled=done, body=body,
+                                entry, item.changelist, unordered=item.unordered,
+                                settled=done, superseded=over, body=body,
                             )  # fmt: skip
                             applied += 0 if done else 1
                     self.watcher.commit(result.checkpoint)
@@ -485,6 +498,40 @@ class CollectionSync:
                 )
                 await asyncio.sleep(delay)
 
+    async def _supersede(self, batch: list[_Found]) -> None:
+        """Mark the walk's created/updated changes that a later one of the walk supersedes.
+
+        The applier would record each as superseded anyway (the later change
+        is queued behind it, :meth:`Applier._newer_queued`); recorded here in
+        one transaction (:meth:`Applier.supersede_many`), they cost no task.
+        Only from lists read in order: out of order, a later time is not a
+        later change.  Not in metadata-only mode, where every change is recorded.
+        """
+        for item in batch:
+            item.superseded = [False] * len(item.entries)
+        if self.applier.metadata_only or any(item.unordered for item in batch):
+            return
+        latest: dict[str, datetime] = {}  # loc -> its latest change time in the walk
+        for item in batch:
+            for entry in item.entries:
+                when = entry.change_time
+                if when is not None and when > latest.get(entry.loc, when - _TICK):
+                    latest[entry.loc] = when
+        doomed: list[Entry] = []
+        for item in batch:
+            for i, entry in enumerate(item.entries):
+                when = entry.change_time
+                if (
+                    when is not None
+                    and when < latest[entry.loc]  # strictly: as Applier._newer_queued
+                    and not item.settled[i]
+                    and entry.change is not ChangeType.DELETED
+                    and self._submitted.is_new(entry)
+                ):
+                    item.superseded[i] = True
+                    doomed.append(entry)
+        await self.applier.supersede_many(doomed)
+
     async def _packaged(self, batch: list[_Found]) -> dict[changedump.Key, bytes]:
         """Bytes for the walk's changes from the Source's Change Dump, if it has one.
 
@@ -496,8 +543,8 @@ class CollectionSync:
             return {}
         last: dict[str, Entry] = {}
         for item in batch:
-            for entry, done in zip(item.entries, item.settled, strict=True):
-                if done:
+            for entry, done, over in zip(item.entries, item.settled, item.superseded, strict=True):
+                if done or over:
                     continue
                 last.pop(entry.loc, None)  # re-inserted: dict order is change order
                 if not item.unordered:

@@ -153,7 +153,8 @@ class Transfer:
         # what the Source serves *now*: no body kept from before answers that.
         now_only = only_if_current or unless_sha256 is not None
         if packaged is not None and not now_only:
-            done = await self._write_at_hand(view, path, packaged, unless_sha256)
+            async with self.held:  # as many bodies wait for the disk as fetched ones would
+                done = await self._write_at_hand(view, path, packaged, unless_sha256)
             if done is not None:
                 self.packaged_used += isinstance(done, tuple)
                 return done
