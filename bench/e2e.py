@@ -1215,6 +1215,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rsnotify/transport/mqtt.py",
                 "rsnotify/subscriber/sync.py",
                 "rsnotify/subscriber/applier.py",
+                "rsnotify/subscriber/changedump.py",
                 "rsnotify/subscriber/resources.py",
                 "rsnotify/subscriber/mirror/commit.py",
                 "rsnotify/subscriber/mirror/batches.py",
