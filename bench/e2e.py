@@ -57,8 +57,12 @@ own Change Lists are the ground truth.
 changes over 50 Change Lists; a second ``subscribe --once`` is timed (process
 wall time, start-up included; the engine's own catch-up time from its log is
 shown too), once ``--metadata-only`` and once fetching every resource
-(1 KB).  The fetching run's mirror is compared file by file with the
-simulator's ground truth.
+(1 KB), and once more fetching against a simulator with ``--change-dump``,
+where the subscriber takes the bytes from the Change Dump's ZIP packages
+(``GETs``/``packages``: what the Source served meanwhile).  The fetching
+runs' mirrors are compared file by file with the simulator's ground truth.
+Each row also times the floor, in the same run: the bare parse of the same
+Change Lists with ``sitemap.DocumentReader``, bytes already in memory.
 
 **Filesystems and spare inodes** (issues 21 and 20).  Every scenario runs
 once per (filesystem x spare) *variant*, the variants one after the other
@@ -143,9 +147,15 @@ LOOP_SIZE_GB = 4.0
 TARGETS = {
     "push_p99_ms_at_200": 50.0,  # p99 change-to-applied at 200 changes/s, watching publisher
     "anchor_over_push_p50": 20.0,  # push p50 at least 20x lower than the polling anchor's
-    "catchup_metadata_s": 10.0,  # 50,000 changes over 50 Change Lists, metadata only
-    "catchup_fetch_s": 60.0,  # the same, fetching 1 KB resources
+    "catchup_metadata_s": 1.5,  # 50,000 changes over 50 Change Lists, metadata only
+    "catchup_fetch_s": 5.0,  # the same, 1 KB resources (fetched, or from a Change Dump)
 }
+# Catch-up scenarios and their targets: fetching from a Change Dump is held to the fetch one.
+CATCHUP_TARGETS = (
+    ("metadata-only", "catchup_metadata_s"),
+    ("fetch", "catchup_fetch_s"),
+    ("change-dump", "catchup_fetch_s"),
+)
 APPLIED_OUTCOMES = ("applied", "deleted", "recorded")
 SERVING = r"simulator: serving (http://\S+)"
 
@@ -922,6 +932,9 @@ class CatchupRun:
     mirror_differences: list[str] = field(default_factory=list)
     loadavg_before: list[float] = field(default_factory=list)
     disk_used_mb: float | None = None
+    resource_gets: int | None = None  # whole resource GETs the Source answered meanwhile
+    package_gets: int | None = None  # Change Dump packages it served meanwhile
+    parse_floor_s: float | None = None  # bare parse of the same Change Lists (catchup_floor)
 
 
 _UP_TO_DATE = re.compile(r"up to date \((\d+) applied, (\d+) failed\)")
@@ -955,6 +968,7 @@ def _catchup_run(
         "--changelist-size", str(opts.catchup_list_size),
         "--seed", str(run),
         "--quiet",
+        *(["--change-dump"] if mode == "change-dump" else []),
     )  # fmt: skip
     base = simulator.wait_for_line(r"serving (http://\S+)", timeout=60).group(1)
     extra = ["--metadata-only"] if mode == "metadata-only" else []
@@ -973,6 +987,8 @@ def _catchup_run(
     _http(f"{base}_simulator/advance?n={opts.catchup_changes}", "POST")
     index = sitemap.parse(_http(f"{base}{COLLECTION}/changelist.xml"))
     lists = sum(1 for ref in index.entries if sitemap.parse(_http(ref.loc)).entries)
+    floor = catchup_floor(base)
+    stats_before = json.loads(_http(f"{base}_simulator/stats"))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     catching = space.rsnotify(f"catchup-{mode}", *argv)
@@ -989,7 +1005,8 @@ def _catchup_run(
     engine = _CATCH_UP.search(output)
     differences: list[str] = []
     ok: bool | None = None
-    if mode == "fetch":
+    stats_after = json.loads(_http(f"{base}_simulator/stats"))
+    if mode != "metadata-only":
         truth = json.loads(_http(f"{base}_simulator/state"))
         differences = mirror_differences(truth, root / "mirror")
         ok = not differences
@@ -1010,7 +1027,25 @@ def _catchup_run(
         mirror_ok=ok,
         mirror_differences=differences[:20],
         loadavg_before=load_before,
+        resource_gets=stats_after["resource_gets"] - stats_before["resource_gets"],
+        package_gets=stats_after["package_gets"] - stats_before["package_gets"],
+        parse_floor_s=floor,
     )
+
+
+def catchup_floor(base: str) -> float:
+    """The floor of a catch-up: the bare parse of its Change Lists, bytes already in memory.
+
+    The same reader the subscriber's walk uses (``sitemap.DocumentReader``),
+    every entry materialised, nothing else: no HTTP, no state, no mirror.
+    """
+    index = sitemap.parse(_http(f"{base}{COLLECTION}/changelist.xml"))
+    bodies = [_http(ref.loc) for ref in index.entries]
+    started = time.perf_counter()
+    entries = sum(sum(1 for _ in sitemap.DocumentReader(body)) for body in bodies)
+    seconds = time.perf_counter() - started
+    assert entries > 0
+    return seconds
 
 
 # --- report -------------------------------------------------------------------------------
@@ -1061,7 +1096,7 @@ def summarize(
                     "passed": value is not None and value >= TARGETS["anchor_over_push_p50"],
                 }
             )
-        for mode, key in (("metadata-only", "catchup_metadata_s"), ("fetch", "catchup_fetch_s")):
+        for mode, key in CATCHUP_TARGETS:
             runs = [r for r in catchup if r.mode == mode and (r.fs, r.spare) == (fs, spare)]
             if not runs:
                 continue
@@ -1134,14 +1169,15 @@ def print_tables(latency: list[LatencyRun], catchup: list[CatchupRun]) -> None:
         print(format_table(headers, rows))
     if catchup:
         headers = ["catch-up", "fs", "spare", "run", "changes", "lists", "wall s", "engine s",
-                   "sub CPU s", "changes/s", "applied", "failed", "mirror", "disk MB",
-                   "load"]  # fmt: skip
+                   "sub CPU s", "changes/s", "applied", "failed", "mirror", "GETs", "packages",
+                   "floor s", "disk MB", "load"]  # fmt: skip
         mirror = {None: "-", True: "ok", False: "DIFFERS"}
         rows = [
             [
                 r.mode, r.fs, _on(r.spare), r.run, r.changes, r.changelists, r.wall_s,
                 r.engine_s, r.cpu_s, r.changes_per_s, r.applied, r.failed, mirror[r.mirror_ok],
-                r.disk_used_mb, r.loadavg_before[0],
+                r.resource_gets, r.package_gets, r.parse_floor_s, r.disk_used_mb,
+                r.loadavg_before[0],
             ]
             for r in catchup
         ]  # fmt: skip
@@ -1175,14 +1211,15 @@ def _run_all(
                         flush=True,
                     )
         if not opts.skip_catchup:
-            for mode in ("metadata-only", "fetch"):
+            for mode in opts.catchup_modes.split(","):
                 for v in variants:
                     print(f"catch-up: {mode}, {v.fs}, spare {_on(v.spare)}, "
                           f"run {run}/{opts.repeat} ...", flush=True)  # fmt: skip
                     result_c = catchup_run(mode, run, v, opts)
                     catchup.append(result_c)
-                    print(f"  {result_c.wall_s:.2f} s; {result_c.disk_used_mb or 0:.0f} MB "
-                          "on disk", flush=True)  # fmt: skip
+                    floor = result_c.parse_floor_s or 0
+                    print(f"  {result_c.wall_s:.2f} s (parse floor {floor:.2f} s); "
+                          f"{result_c.disk_used_mb or 0:.0f} MB on disk", flush=True)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1209,6 +1246,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--catchup-resources", type=int, default=2000)
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-catchup", action="store_true")
+    ap.add_argument(
+        "--catchup-modes",
+        default=",".join(mode for mode, _ in CATCHUP_TARGETS),
+        help="catch-up scenarios to run (default: %(default)s)",
+    )
     ap.add_argument(
         "--workdir", type=Path, help="the 'disk' filesystem: where scenarios run (default: a "
         "temp dir) and where the loop image is made"
@@ -1342,6 +1384,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rsnotify/transport/mqtt.py",
                 "rsnotify/subscriber/sync.py",
                 "rsnotify/subscriber/applier.py",
+                "rsnotify/subscriber/changedump.py",
                 "rsnotify/subscriber/resources.py",
                 "rsnotify/subscriber/mirror/commit.py",
                 "rsnotify/subscriber/mirror/batches.py",

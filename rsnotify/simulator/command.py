@@ -124,6 +124,11 @@ SOURCE = Group(
         default="1.1",
         help="1.1 writes rs:md datetime and <lastmod>; 1.0 only <lastmod> (default: %(default)s)",
     ),
+    flag(
+        "--change-dump",
+        help="also publish a Change Dump (Z39.99 section 13): a ZIP package of the changed "
+        "bitstreams, with its Change Dump Manifest, for every closed Change List",
+    ),
     option(
         "--large-every",
         type=argtypes.nonneg_int,

@@ -198,6 +198,12 @@ class Layout:
     def resource(self, collection: str, name: str) -> str:
         return f"{self.base_url}{collection}/resources/{name}"
 
+    def changedump(self, collection: str) -> str:
+        return f"{self.base_url}{collection}/changedump.xml"
+
+    def changedump_package(self, collection: str, number: int) -> str:
+        return f"{self.base_url}{collection}/changedump/{number:06d}.zip"
+
 
 # --- state -------------------------------------------------------------------
 
@@ -370,6 +376,7 @@ class Source:
         hubs: Sequence[str] = (),
         large_every: int = 0,
         large_bytes: int = 0,
+        change_dump: bool = False,
     ) -> None:
         if not 1 <= collections <= MAX_COLLECTIONS:
             raise SimulatorError(f"collections must be 1..{MAX_COLLECTIONS}, got {collections}")
@@ -399,6 +406,7 @@ class Source:
         self.payload_bytes = payload_bytes
         self.large_every = large_every
         self.large_bytes = large_bytes
+        self.change_dump = change_dump  # the Capability List lists a Change Dump (.changedump)
         self.seed = seed
         self.weights = weights or Weights()
         self.spec_version = spec_version
@@ -618,6 +626,10 @@ class Source:
             Entry(loc=layout.resource_list(collection.name), capability=Capability.RESOURCELIST),
             Entry(loc=layout.changelist_index(collection.name), capability=Capability.CHANGELIST),
         ]
+        if self.change_dump:
+            entries.append(
+                Entry(loc=layout.changedump(collection.name), capability=Capability.CHANGEDUMP)
+            )
         for template in self.hubs:
             href = template.replace("{collection}", collection.name).replace("{id}", cid)
             if urlsplit(href).scheme in ("http", "https"):

@@ -287,6 +287,8 @@ class Subscriber:
                 on_event=self._event_recorder(cid),
                 resourcelist_url=cap.capabilities.get(Capability.RESOURCELIST),
                 resourcedump_url=cap.capabilities.get(Capability.RESOURCEDUMP),
+                changedump_url=cap.capabilities.get(Capability.CHANGEDUMP),
+                workdir=self.state_dir,
                 max_skew=config.max_skew,
                 degraded_after=config.degraded_after,
                 degraded_poll=config.degraded_poll,

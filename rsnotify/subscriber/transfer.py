@@ -110,6 +110,7 @@ class Transfer:
         self._ahead: OrderedDict[str, list[bytes]] = OrderedDict()  # loc -> bodies, oldest first
         self._ahead_bytes = 0
         self.ahead_used = 0  # changes applied from a body fetched ahead (no request)
+        self.packaged_used = 0  # changes applied from a Change Dump package (no request)
 
     def candidates(self, view: ChangeView) -> list[str]:
         urls: list[str] = []
@@ -133,8 +134,13 @@ class Transfer:
         *,
         unless_sha256: str | None = None,
         only_if_current: bool = False,
+        packaged: bytes | None = None,
     ) -> tuple[Written, str] | Failure:
         """Try duplicates then ``loc``, in rounds with backoff, until one verifies.
+
+        ``packaged``: the change's bytes from a Change Dump package
+        (:mod:`.changedump`), written if they verify, like a body fetched
+        ahead; if they do not, the fetch goes on as without them.
 
         ``unless_sha256``: the digest of what the mirror holds from a newer,
         provisional change; a body with that digest means the Source agrees
@@ -146,19 +152,18 @@ class Transfer:
         # A back-dated change, or one checked against a provisional state, asks
         # what the Source serves *now*: no body kept from before answers that.
         now_only = only_if_current or unless_sha256 is not None
+        if packaged is not None and not now_only:
+            async with self.held:  # as many bodies wait for the disk as fetched ones would
+                done = await self._write_at_hand(view, path, packaged, unless_sha256)
+            if done is not None:
+                self.packaged_used += isinstance(done, tuple)
+                return done
         ahead = None if now_only else self._from_ahead(view)
         if ahead is not None:
-            try:
-                written = await self._write_small(view, path, ahead, unless_sha256)
-            except AlreadyHeld:
-                return Failure(Outcome.OUTDATED, False, OUTDATED_BYTES)
-            except FixityMismatch:
-                pass  # bytes of another version: fetch as usual (they were kept again)
-            except (UnsafePath, PathConflict) as exc:
-                return path_failure(exc)
-            else:
-                self.ahead_used += 1
-                return written, view.loc
+            done = await self._write_at_hand(view, path, ahead, unless_sha256)
+            if done is not None:
+                self.ahead_used += isinstance(done, tuple)
+                return done
         candidates = self.candidates(view)
         backoff = Backoff(initial=self.backoff_initial, maximum=self.backoff_max)
         rounds = not_found = 0
@@ -274,6 +279,20 @@ class Transfer:
             # the slot instead capped the rate at ``concurrency`` writes per
             # round of fsyncs.
             return await self._write_small(view, path, data, unless_sha256)
+
+    async def _write_at_hand(
+        self, view: ChangeView, path: Path, data: bytes, unless_sha256: str | None
+    ) -> tuple[Written, str] | Failure | None:
+        """Write bytes obtained without a request; None if they fail (then fetch as usual)."""
+        try:
+            written = await self._write_small(view, path, data, unless_sha256)
+        except AlreadyHeld:
+            return Failure(Outcome.OUTDATED, False, OUTDATED_BYTES)
+        except FixityMismatch:
+            return None  # bytes of another version: fetch as usual (they were kept ahead)
+        except (UnsafePath, PathConflict) as exc:
+            return path_failure(exc)
+        return written, view.loc
 
     async def _write_small(
         self, view: ChangeView, path: Path, data: bytes, unless_sha256: str | None
