@@ -38,8 +38,10 @@ services:
 	    --no-install-recommends $$missing fonts-dejavu-core; \
 	fi
 
+# mypy: strict on the modules pyproject.toml lists, the default level elsewhere.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rsnotify tests bench
+	$(VENV)/bin/mypy
 
 test: $(STAMP) services lint
 	$(VENV)/bin/pytest -q
@@ -70,7 +72,7 @@ fuzz: $(STAMP)
 	$(PY) -m tests.fuzz --minutes $(FUZZ_MINUTES)
 
 demo: $(STAMP) services
-	$(PY) -m rsnotify.demo
+	$(PY) -m tests.demo
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache bench/results

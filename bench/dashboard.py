@@ -1,6 +1,6 @@
 """Dashboard under load: 50 subscribers and 10 collections, page in real Chromium.
 
-A generator process writes, into a private Redis (``rsnotify.devstack``),
+A generator process writes, into a private Redis (``tests.devstack``),
 exactly what a real deployment writes: 10 collections' logs (``rsn:{c}:log``
 entries with their logged time and change ``datetime``, ``meta`` heads,
 ``rsn:collections``), a publisher status every second, and for 50 subscribers
@@ -251,7 +251,7 @@ def run_scenario(name: str, rate: float, seconds: float, root: Path) -> dict[str
     import psutil
     from playwright.sync_api import sync_playwright
 
-    from rsnotify.devstack import ManagedProcess, Redis, wait_for
+    from tests.devstack import ManagedProcess, Redis, wait_for
 
     redis = Redis(root / "redis", appendonly=False).start()
     processes: list[ManagedProcess] = []

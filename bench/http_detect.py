@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import format_table, machine_info, source_digest, write_json
-from bench.publish import bench_stack, run_latency
+from bench.publish import (
+    add_filesystem_options,
+    bench_stack,
+    parse_filesystem_options,
+    run_latency,
+    source_places,
+)
 
 NAME = "http_detect"
 MODES = ("watch", "http.server", "nginx")
@@ -42,6 +48,7 @@ def _row(run: Any) -> dict[str, Any]:
     detected = run.stats("write_detected")
     return {
         "mode": run.mode,
+        "fs": run.fs,
         "run": run.run,
         "open_list": run.prefill,
         "changes": run.changes,
@@ -57,17 +64,23 @@ def _row(run: Any) -> dict[str, Any]:
 async def _run(opts: argparse.Namespace) -> list[Any]:
     runs = []
     async with bench_stack(opts) as stack:
-        for run in range(1, opts.repeat + 1):
-            for mode in opts.modes:
-                result = await run_latency(stack, opts, opts.prefill, run, None, mode=mode)
-                runs.append(result)
-                st = result.stats("write_recv")
-                print(
-                    f"  {mode:<11} run {run}: {result.notifications:,} notifications, "
-                    f"{result.missing} missing, write->MQTT p50 {st['p50_ms'] or 0:.1f} ms "
-                    f"p99 {st['p99_ms'] or 0:.1f} ms",
-                    flush=True,
-                )
+        with source_places(opts, stack.workdir) as places:
+            for run in range(1, opts.repeat + 1):
+                for mode in opts.modes:
+                    for parent, fs_name in places:
+                        result = await run_latency(
+                            stack, opts, opts.prefill, run, None,
+                            mode=mode, source_parent=parent, fs_name=fs_name,
+                        )  # fmt: skip
+                        runs.append(result)
+                        st = result.stats("write_recv")
+                        print(
+                            f"  {mode:<11} {result.fs} run {run}: "
+                            f"{result.notifications:,} notifications, {result.missing} missing, "
+                            f"write->MQTT p50 {st['p50_ms'] or 0:.1f} ms "
+                            f"p99 {st['p99_ms'] or 0:.1f} ms",
+                            flush=True,
+                        )
     return runs
 
 
@@ -85,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode (1)")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated: " + ",".join(MODES))
     ap.add_argument("--workdir", type=Path, default=None, help="parent of the work directory")
+    add_filesystem_options(ap)
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     opts = ap.parse_args(argv)
+    parse_filesystem_options(ap, opts)
     opts.duration = opts.duration or (4.0 if opts.quick else 15.0)
     opts.warmup = opts.warmup if opts.warmup is not None else (1.0 if opts.quick else 2.0)
     opts.modes = [m.strip() for m in opts.modes.split(",") if m.strip()]
@@ -101,10 +116,22 @@ def main(argv: list[str] | None = None) -> int:
         f"\nChange List written -> MQTT received at {opts.rate:g} changes/s, open list "
         f"{opts.prefill:,} entries, HTTP polled every {opts.poll:g} s (ms)"
     )
-    headers = ["mode", "run", "got/s", "notif.", "miss", "p50", "p90", "p99", "max", "pub CPU %"]
+    headers = [
+        "mode",
+        "Source fs",
+        "run",
+        "got/s",
+        "notif.",
+        "miss",
+        "p50",
+        "p90",
+        "p99",
+        "max",
+        "pub CPU %",
+    ]
     table = [
         [
-            r["mode"], r["run"], r["rate"], r["notifications"], r["missing"],
+            r["mode"], r["fs"], r["run"], r["rate"], r["notifications"], r["missing"],
             r["write_recv"]["p50_ms"], r["write_recv"]["p90_ms"], r["write_recv"]["p99_ms"],
             r["write_recv"]["max_ms"], r["publisher_cpu_pct"],
         ]
@@ -123,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             "warmup_s": opts.warmup,
             "flush_interval_s": opts.flush_interval,
             "modes": opts.modes,
+            "source_filesystems": opts.filesystems,
         },
+        "loop_skipped": opts.loop_skipped,
         "runs": rows,
         "missing": missing,
         "machine": machine,
@@ -134,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             "rsnotify/fetch.py",
             "rsnotify/validators.py",
             "rsnotify/httppolicy.py",
-            "rsnotify/publisher/access.py",
-            "rsnotify/publisher/watcher.py",
+            "rsnotify/changes/access.py",
+            "rsnotify/changes/watcher.py",
         ),
     }
     path = write_json(NAME, payload)

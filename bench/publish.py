@@ -1,6 +1,6 @@
 """Publisher throughput and latency: rsnotify against a bare paho-mqtt loop, and at 200/s.
 
-Both scenarios run against a private Mosquitto and Redis (``rsnotify.devstack``)
+Both scenarios run against a private Mosquitto and Redis (``tests.devstack``)
 on free loopback ports, and read a Source directory laid out exactly as
 ``rsnotify simulate --dir`` writes it (the simulator's own ``Site`` and
 ``DiskWriter`` produce the bytes; files are replaced atomically).
@@ -50,6 +50,11 @@ Latency
     per flush, 60-70% of a core) slows as a CPU neighbour.  The p99 target
     stays on the stricter *write -> MQTT received*.
 
+    The Source directory is written once per ``--filesystems`` entry (issue
+    21), rows side by side: ``disk`` (the default temp dir, the machine's own
+    disk), ``loop`` (a journaled ext4 on a loop file, :mod:`bench.loopfs`,
+    root only) and ``shm`` (the work directory, tmpfs: the earlier figures).
+
 Run ``.venv/bin/python -m bench.publish`` (``--quick`` for a smoke run).  It
 prints tables and PASS/FAIL against the issue's targets, writes
 ``bench/results/publish.json`` and exits 0 either way.
@@ -73,7 +78,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -84,6 +89,7 @@ import psutil
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from bench import loopfs
 from bench._common import (
     REPO_ROOT,
     RESULTS_DIR,
@@ -830,8 +836,8 @@ class CpuWindow:
 class Stack:
     """The brokers every scenario shares."""
 
-    broker: Any  # rsnotify.devstack.Mosquitto
-    redis: Any  # rsnotify.devstack.Redis
+    broker: Any  # tests.devstack.Mosquitto
+    redis: Any  # tests.devstack.Redis
     workdir: Path
 
     def flush_redis(self) -> None:
@@ -892,8 +898,8 @@ async def run_rsnotify_throughput(
     first (what the publisher's start-up would do), so the gateway's lane is
     waiting on the log.
     """
-    from rsnotify.devstack import free_port
     from rsnotify.log.redis_log import RedisLog
+    from tests.devstack import free_port
 
     stack.flush_redis()
     ws_port = free_port()
@@ -1081,6 +1087,7 @@ class LatencyRun:
     ws_resubscribes: int = 0
     profile: dict[str, Any] | None = None
     mode: str = "watch"  # how the publisher saw the Source: see run_latency
+    fs: str = ""  # the filesystem of the Source directory (loopfs.describe)
 
     def stats(self, stage: str) -> dict[str, float | None]:
         return stage_stats(self.samples[stage])
@@ -1149,19 +1156,26 @@ async def run_latency(
     run: int,
     profile: Path | None,
     mode: str = "watch",
+    source_parent: Path | None = None,
+    fs_name: str | None = None,
 ) -> LatencyRun:
     """One latency run.  ``mode``: how the publisher sees the Source directory.
+
+    The Source directory goes under ``source_parent`` (default: the stack's
+    work directory); its filesystem names the row (``fs_name`` prefixes the label:
+    :func:`bench.loopfs.describe`).
 
     ``watch``: ``rsnotify publish DIR --watch`` (file-system notifications);
     ``http.server`` / ``nginx``: the directory served by that stock web
     server and ``rsnotify publish URL --poll opts.poll`` (conditional GETs,
     ranged tail reads where the server allows them).
     """
-    from rsnotify.devstack import ManagedProcess, async_wait_for, free_port
-    from rsnotify.devstatic import HttpServer, Nginx
+    from tests.devstack import HttpServer, ManagedProcess, Nginx, async_wait_for, free_port
 
     stack.flush_redis()
-    root = stack.workdir / f"source-{mode}-{prefill}-{run}"
+    root = (source_parent or stack.workdir) / f"source-{mode}-{prefill}-{run}"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    fs = loopfs.describe(root.parent, fs_name).label
     base_url = BASE_URL
     web_port = None
     if mode != "watch":
@@ -1287,6 +1301,7 @@ async def run_latency(
         ws_resubscribes=ws.resubscribes,
         profile=summary,
         mode=mode,
+        fs=fs,
     )
 
 
@@ -1338,11 +1353,18 @@ def _throughput_rows(runs: list[ThroughputRun]) -> list[dict[str, Any]]:
     return rows
 
 
+def _fs_order(runs: list[LatencyRun]) -> Any:
+    """Sort key for (fs, prefill): filesystems in the order they ran, then list size."""
+    first = {fs: i for i, fs in reversed(list(enumerate(r.fs for r in runs)))}
+    return lambda pair: (first[pair[0]], pair[1])
+
+
 def _latency_rows(runs: list[LatencyRun]) -> list[dict[str, Any]]:
     rows = []
     for run in runs:
         rows.append(
             {
+                "fs": run.fs,
                 "prefill": run.prefill,
                 "run": run.run,
                 "entries_end": run.entries_end,
@@ -1357,11 +1379,12 @@ def _latency_rows(runs: list[LatencyRun]) -> list[dict[str, Any]]:
                 "cpu_pct": run.cpu,
             }
         )
-    for prefill in sorted({r.prefill for r in runs}):
-        mine = [r for r in runs if r.prefill == prefill]
+    for fs, prefill in sorted({(r.fs, r.prefill) for r in runs}, key=_fs_order(runs)):
+        mine = [r for r in runs if (r.fs, r.prefill) == (fs, prefill)]
         pooled = {key: [v for r in mine for v in r.samples[key]] for key, _ in STAGES}
         rows.append(
             {
+                "fs": fs,
                 "prefill": prefill,
                 "run": "all",
                 "entries_end": max(r.entries_end for r in mine),
@@ -1396,12 +1419,23 @@ def _targets(
                     "passed": ratio >= TARGET_VS_BARE,
                 }
             )
-    pooled = {r["prefill"]: r for r in latency if r["run"] == "all"}
+    for fs in dict.fromkeys(r["fs"] for r in latency):
+        targets.extend(_latency_targets(fs, latency, small, large))
+    return targets
+
+
+def _latency_targets(
+    fs: str, latency: list[dict[str, Any]], small: int, large: int
+) -> list[dict[str, Any]]:
+    """The latency targets over the pooled rows of the Source directory on ``fs``."""
+    targets: list[dict[str, Any]] = []
+    tag = f" [{fs}]" if fs else ""
+    pooled = {r["prefill"]: r for r in latency if r["run"] == "all" and r["fs"] == fs}
     for prefill in sorted(pooled):
         p99 = pooled[prefill]["stages"]["write_recv"]["p99_ms"]
         targets.append(
             {
-                "name": f"p99 write -> MQTT received, open list {prefill:,} entries (ms)",
+                "name": f"p99 write -> MQTT received, open list {prefill:,} entries (ms)" + tag,
                 "value": p99,
                 "op": "<=",
                 "threshold": TARGET_P99_MS,
@@ -1420,8 +1454,8 @@ def _targets(
             targets.append(
                 {
                     "name": f"{pct[:3]} detection to publish at {large:,} entries not slower "
-                    f"than at {small:,} (ms; {small:,}: {base:.2f} + noise)"
-                    if base is not None else pct,
+                    f"than at {small:,} (ms; {small:,}: {base:.2f} + noise)" + tag
+                    if base is not None else pct + tag,
                     "value": value,
                     "op": "<=",
                     "threshold": round(limit, 2) if limit is not None else None,
@@ -1477,7 +1511,8 @@ def print_throughput(rows: list[dict[str, Any]], runs: list[ThroughputRun]) -> N
 def print_latency(rows: list[dict[str, Any]], rate: float) -> None:
     print(f"\nLatency at {rate:g} changes/s, --watch (ms; 'all' pools every run of one list size)")
     headers = [
-        "open list", "run", "list MB", "chg/write", "notif.", "miss", "p50", "p90", "p99", "max",
+        "Source fs", "open list", "run", "list MB", "chg/write", "notif.", "miss",
+        "p50", "p90", "p99", "max",
         "chg->rcv p50", "chg->rcv p99", "WS p50", "WS p99", "pub CPU %", "src CPU %",
     ]  # fmt: skip
     table = []
@@ -1485,6 +1520,7 @@ def print_latency(rows: list[dict[str, Any]], rate: float) -> None:
         s = r["stages"]
         table.append(
             [
+                r["fs"],
                 f"{r['prefill']:,}->{r['entries_end']:,}",
                 str(r["run"]),
                 r["list_mb_at_start"],
@@ -1506,12 +1542,12 @@ def print_latency(rows: list[dict[str, Any]], rate: float) -> None:
     print(format_table(headers, table))
     print("p50..max: Change List written -> MQTT received (the publisher's whole job).")
     print("\nWhere the time goes (pooled runs, ms: p50 / p99)")
-    headers = ["open list", *(label for key, label in STAGES if key != "write_recv")]
+    headers = ["Source fs", "open list", *(label for key, label in STAGES if key != "write_recv")]
     table = []
     for r in rows:
         if r["run"] != "all":
             continue
-        cells = [f"{r['prefill']:,}"]
+        cells = [r["fs"], f"{r['prefill']:,}"]
         for key, _ in STAGES:
             if key == "write_recv":
                 continue
@@ -1539,7 +1575,7 @@ def _workdir(requested: Path | None) -> Path:
 @contextlib.asynccontextmanager
 async def bench_stack(opts: argparse.Namespace) -> AsyncIterator[Stack]:
     """A private Mosquitto and Redis in a fresh work directory, removed after unless --keep."""
-    from rsnotify.devstack import Mosquitto, Redis
+    from tests.devstack import Mosquitto, Redis
 
     workdir = _workdir(opts.workdir)
     print(f"work directory {workdir}", flush=True)
@@ -1594,23 +1630,88 @@ async def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
                         flush=True,
                     )
         if "latency" in opts.scenarios:
-            for run in range(1, opts.repeat + 1):
-                for prefill in opts.sizes:
-                    profile = (
-                        RESULTS_DIR / "publish-profiles" / f"latency-{prefill}.txt"
-                        if opts.profile and run == 1
-                        else None
-                    )
-                    result_l = await run_latency(stack, opts, prefill, run, profile)
-                    latency_runs.append(result_l)
-                    st = result_l.stats("write_recv")
-                    print(
-                        f"  latency run {run}/{opts.repeat} open list {prefill:>7,}: "
-                        f"{result_l.notifications:,} notifications, write->received "
-                        f"p50 {st['p50_ms'] or 0:.2f} ms, p99 {st['p99_ms'] or 0:.2f} ms",
-                        flush=True,
-                    )
+            with source_places(opts, stack.workdir) as places:
+                for run in range(1, opts.repeat + 1):
+                    for prefill in opts.sizes:
+                        for parent, fs_name in places:
+                            profile = (
+                                RESULTS_DIR / "publish-profiles" / f"latency-{prefill}.txt"
+                                if opts.profile and run == 1 and parent == places[0][0]
+                                else None
+                            )
+                            result_l = await run_latency(
+                                stack, opts, prefill, run, profile,
+                                source_parent=parent, fs_name=fs_name,
+                            )  # fmt: skip
+                            latency_runs.append(result_l)
+                            st = result_l.stats("write_recv")
+                            print(
+                                f"  latency run {run}/{opts.repeat} open list {prefill:>7,} "
+                                f"on {result_l.fs}: {result_l.notifications:,} notifications, "
+                                f"write->received p50 {st['p50_ms'] or 0:.2f} ms, "
+                                f"p99 {st['p99_ms'] or 0:.2f} ms",
+                                flush=True,
+                            )
     return {"throughput": throughput_runs, "latency": latency_runs, "workdir": str(workdir)}
+
+
+def add_filesystem_options(ap: argparse.ArgumentParser) -> None:
+    """``--filesystems`` and ``--loop-size-gb``, for :func:`source_places`."""
+    ap.add_argument(
+        "--filesystems",
+        default="disk,loop",
+        help="latency: where the Source directory is written, comma-separated: 'disk' (the "
+        "default temp dir, the machine's own disk), 'loop' (a journaled ext4 on a loop file "
+        "there; root only) and 'shm' (the work directory, /dev/shm unless --workdir); "
+        "default %(default)s",
+    )
+    ap.add_argument(
+        "--loop-size-gb", type=float, default=4.0, help="size of the loop ext4 (sparse)"
+    )
+
+
+def parse_filesystem_options(ap: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
+    opts.filesystems = [f.strip() for f in opts.filesystems.split(",") if f.strip()]
+    if not opts.filesystems or set(opts.filesystems) - {"disk", "loop", "shm"}:
+        ap.error("--filesystems takes 'disk', 'loop' and 'shm', comma-separated")
+    opts.loop_skipped = None  # set by source_places when there is no loop ext4, to say why
+
+
+@contextlib.contextmanager
+def source_places(
+    opts: argparse.Namespace, workdir: Path
+) -> Iterator[list[tuple[Path, str | None]]]:
+    """(parent, name) of the latency Source directories, one per ``--filesystems`` entry.
+
+    ``shm``: the stack's work directory (``/dev/shm`` unless ``--workdir``);
+    ``disk``: the default temp dir, on the machine's own disk; ``loop``: a
+    journaled ext4 on a loop file made in that temp dir (root only: skipped
+    with a note otherwise), removed on the way out.  The Source directories
+    are removed with the places; the brokers stay in the work directory.
+    """
+    places: list[tuple[Path, str | None]] = []
+    with contextlib.ExitStack() as undo:
+        scratch = Path(tempfile.mkdtemp(prefix="bench-publish-source-"))
+        if opts.keep:
+            print(f"Source directories off the work directory: {scratch}", flush=True)
+        else:
+            undo.callback(shutil.rmtree, scratch, ignore_errors=True)
+        for name in opts.filesystems:
+            if name == "shm":
+                places.append((workdir, None))
+            elif name == "disk":
+                places.append((scratch / "disk", None))
+            else:
+                try:
+                    mountpoint = undo.enter_context(
+                        loopfs.loop_ext4(scratch, int(opts.loop_size_gb * 2**30))
+                    )
+                except loopfs.LoopUnavailable as exc:
+                    opts.loop_skipped = str(exc)
+                    print(f"note: no loop ext4 rows: {exc}", flush=True)
+                    continue
+                places.append((mountpoint, "loop"))
+        yield places
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1643,8 +1744,10 @@ def main(argv: list[str] | None = None) -> int:
         help="py-spy samples per second (more: finer profiles, more overhead)",
     )
     ap.add_argument("--workdir", type=Path, default=None, help="parent of the work directory")
+    add_filesystem_options(ap)
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     opts = ap.parse_args(argv)
+    parse_filesystem_options(ap, opts)
     Spy.rate = opts.profile_rate
     if opts.quick:
         opts.repeat = opts.repeat or 1
@@ -1679,16 +1782,19 @@ def main(argv: list[str] | None = None) -> int:
         print_latency(latency, opts.rate)
     small, large = min(opts.sizes), max(opts.sizes)
     targets = _targets(throughput, latency, small, large)
-    per_write = {
-        r["prefill"]: r["changes"] / max(1, r["flushes"]) for r in latency if r["run"] == "all"
-    }
-    ratio = per_write.get(large, 0.0) / per_write.get(small, 1.0)
-    if small in per_write and large in per_write and ratio > 1.25:
-        print(
-            f"\nwarning: the {large:,}-entry list was written {per_write[large]:.1f} changes "
-            f"at a time against {per_write[small]:.1f}: its writer overran the flush "
-            "interval, so batch size weighs in the comparison (try a longer --flush-interval)"
-        )
+    for fs in dict.fromkeys(r["fs"] for r in latency):
+        per_write = {
+            r["prefill"]: r["changes"] / max(1, r["flushes"])
+            for r in latency
+            if r["run"] == "all" and r["fs"] == fs
+        }
+        ratio = per_write.get(large, 0.0) / per_write.get(small, 1.0)
+        if small in per_write and large in per_write and ratio > 1.25:
+            print(
+                f"\nwarning: {fs}: the {large:,}-entry list was written {per_write[large]:.1f} "
+                f"changes at a time against {per_write[small]:.1f}: its writer overran the flush "
+                "interval, so batch size weighs in the comparison (try a longer --flush-interval)"
+            )
     print()
     for t in targets:
         value = "-" if t["value"] is None else f"{t['value']:.2f}"
@@ -1717,7 +1823,10 @@ def main(argv: list[str] | None = None) -> int:
             "latency_duration_s": opts.duration,
             "latency_warmup_s": opts.warmup,
             "source_flush_interval_s": opts.flush_interval,
+            "latency_source_filesystems": opts.filesystems,
+            "loop_size_bytes": int(opts.loop_size_gb * 2**30),
         },
+        "loop_skipped": opts.loop_skipped,
         "targets": targets,
         "throughput": throughput,
         "throughput_runs": [
@@ -1735,9 +1844,12 @@ def main(argv: list[str] | None = None) -> int:
         "source": source_digest(
             "bench/publish.py",
             "rsnotify/publisher/service.py",
-            "rsnotify/publisher/watcher.py",
-            "rsnotify/publisher/access.py",
-            "rsnotify/publisher/incremental.py",
+            "rsnotify/publisher/sequencer.py",
+            "rsnotify/publisher/detection.py",
+            "rsnotify/publisher/transports.py",
+            "rsnotify/changes/watcher.py",
+            "rsnotify/changes/access.py",
+            "rsnotify/changes/incremental.py",
             "rsnotify/transport/mqtt.py",
             "rsnotify/transport/ws.py",
             "rsnotify/log/redis_log.py",

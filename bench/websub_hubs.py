@@ -38,7 +38,7 @@ from typing import Any
 from aiohttp import web
 
 from bench._common import REPO_ROOT, format_table, machine_info, source_digest, write_json
-from rsnotify.devstack import ManagedProcess, Redis, free_port, wait_for
+from tests.devstack import ManagedProcess, Redis, free_port, wait_for
 
 _URL = re.compile(rb"<url>")
 

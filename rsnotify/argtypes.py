@@ -40,7 +40,7 @@ __all__ = [
     "source_location",
 ]
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
 HTTP_SCHEMES = ("http", "https")
 
 
@@ -56,6 +56,7 @@ def _expects(what: str) -> Callable[[F], F]:
     """Name the kind of value for :meth:`rsnotify.config.Option.expected` ("a number")."""
 
     def mark(function: F) -> F:
+        # A function attribute config.Option reads; functions have no declared attributes.
         function.expected = what  # type: ignore[attr-defined]
         return function
 
@@ -186,7 +187,18 @@ def _url(text: str, schemes: tuple[str, ...], what: str, *, host: bool) -> str:
 
 @_expects("a string")
 def redis_url(text: str) -> str:
-    """``redis://[user:pass@]host:port/db``, ``rediss://...`` or ``unix:///path``."""
+    """``redis://[user:pass@]host:port/db``, ``rediss://...``, ``unix:///path`` or Sentinel.
+
+    ``redis+sentinel://host:port[,host:port...]/service[/db]``: see :mod:`rsnotify.redisurl`.
+    """
+    if text.strip().lower().startswith("redis+sentinel://"):
+        from .redisurl import parse_sentinel  # redis-py only when a Sentinel URL is given
+
+        try:
+            parse_sentinel(text)
+        except ValueError as exc:
+            raise _refuse(f"{text!r} is not a Redis Sentinel URL: {exc}") from None
+        return text.strip()
     return _url(text, REDIS_SCHEMES, "a Redis URL", host=False)
 
 

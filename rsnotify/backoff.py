@@ -23,11 +23,23 @@ class Backoff:
     # changes/s, each of which makes one in case it must retry.
     _rng: random.Random | None = field(default=None, repr=False)
 
-    def next(self) -> float:
-        """The delay before the next attempt (0 < delay <= the current ceiling)."""
-        ceiling = min(self.maximum, self.initial * self.factor**self.attempts)
+    def ceiling(self) -> float:
+        """The longest the next attempt may wait: ``initial * factor**attempts``, capped."""
+        return min(self.maximum, self.initial * self.factor**self.attempts)
+
+    def next(self, jitter: float | None = None) -> float:
+        """The delay before the next attempt: between half the ceiling and the ceiling.
+
+        Drawn at random, unless ``jitter`` (in [0.5, 1], clamped) says which
+        fraction of the ceiling to take: for a pure core that is handed its
+        randomness (:class:`rsnotify.transport.websubproto.Delivery`) and for
+        tests.
+        """
+        ceiling = self.ceiling()
         self.attempts += 1
-        return (self._rng or _SHARED).uniform(ceiling / 2, ceiling)
+        if jitter is None:
+            return (self._rng or _SHARED).uniform(ceiling / 2, ceiling)
+        return ceiling * max(0.5, min(1.0, jitter))
 
     def reset(self) -> None:
         self.attempts = 0

@@ -1,9 +1,11 @@
 """The ``rsnotify`` command line.
 
-Each subcommand lives in its own module exposing ``NAME``, ``HELP``,
-``configure(parser)`` and ``run(args) -> int``; modules are imported only when
-their subcommand runs, so ``rsnotify --help`` stays fast and one broken
-optional dependency cannot take down every command.
+Each subcommand lives in its own module exposing ``NAME``, ``HELP``, its
+declared ``OPTIONS`` (:mod:`rsnotify.options`) and ``run(args) -> int``;
+modules are imported only when their subcommand runs, so ``rsnotify --help``
+stays fast and one broken optional dependency cannot take down every command.
+``rsnotify config``, which reads configuration rather than being configured,
+has subcommands of its own and builds its parser in ``configure(parser)``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from . import __version__, config
+from . import __version__, config, options
 from .runtime import tune_gc
 
 # (subcommand name, module, one-line help). Order is the order shown in --help.
@@ -57,12 +59,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
     return parser, modules
 
 
-def command_parser(name: str) -> tuple[ModuleType, argparse.ArgumentParser]:
-    """A subcommand's module and its own parser, as ``configure()`` built it."""
-    module = importlib.import_module(dict((n, m) for n, m, _ in COMMANDS)[name])
-    sub = CommandParser(prog=f"rsnotify {name}", description=module.HELP)
-    module.configure(sub)
-    return module, sub
+def command_module(name: str) -> ModuleType:
+    """A subcommand's module (imported now)."""
+    return importlib.import_module(dict((n, m) for n, m, _ in COMMANDS)[name])
+
+
+def configurable() -> dict[str, options.Options]:
+    """Every subcommand configured by files and variables, with its declared options."""
+    found: dict[str, options.Options] = {}
+    for name, _, _ in COMMANDS:
+        declared = getattr(command_module(name), "OPTIONS", None)
+        if declared is not None:
+            found[name] = declared
+    return found
 
 
 def parse_command(
@@ -71,14 +80,17 @@ def parse_command(
     """Parse a subcommand's arguments over its --config file and RSNOTIFY_* variables.
 
     The configuration layer (:mod:`rsnotify.config`) applies to every
-    subcommand, from its parser alone; a module opts out with ``CONFIG_LAYER = False``.
+    subcommand that declares ``OPTIONS``, from that declaration alone.
     """
-    module, sub = command_parser(name)
-    if not getattr(module, "CONFIG_LAYER", True):
-        return module, sub.parse_args(list(argv))
+    module = command_module(name)
+    parser = CommandParser(prog=f"rsnotify {name}", description=module.HELP)
+    declared = getattr(module, "OPTIONS", None)
+    if declared is None:
+        module.configure(parser)
+        return module, parser.parse_args(list(argv))
     sections = [n for n, _, _ in COMMANDS if n != "config"]  # `config` reads no [config]
     env = os.environ if environ is None else environ
-    return module, config.parse_args(sub, name, argv, environ=env, sections=sections)
+    return module, config.parse_args(declared, parser, name, argv, environ=env, sections=sections)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,12 +1,13 @@
 """Options from a TOML file and ``RSNOTIFY_*`` environment variables, for every subcommand.
 
-The layer knows no option by name.  It reads each subcommand's own argparse
-parser (every action's dest, type, choices, nargs, flag or list nature), so a
-new option is configurable the moment it is added to ``configure()``, and a
-value from a file goes through the very ``type`` function and ``choices``
-that check the command line.  Values found are installed as the parser's
-defaults before it parses, which gives the precedence for free and keeps
-argparse's own checks (required options, types of flags) in charge:
+The layer knows no option by name.  It works from each subcommand's declared
+options (:mod:`rsnotify.options`: dest, config key, kind of value, ``type=``
+function, choices, secret-ness), so an option is configurable the moment it
+is declared, and a value from a file goes through the very ``type`` function
+and ``choices`` that check the command line (:mod:`rsnotify.configvalues`).
+The values found become the defaults of the parser built for this run, which
+gives the precedence for free and keeps argparse's own checks (required
+options, types of flags) in charge:
 
     command-line flags  >  RSNOTIFY_<COMMAND>_<OPTION>  >  RSNOTIFY_COMMON_<OPTION>
                         >  [<command>] in the file     >  [common] in the file
@@ -26,8 +27,8 @@ Generic variables carry ``COMMON`` (``RSNOTIFY_COMMON_REDIS``) rather than
 being bare ``RSNOTIFY_<OPTION>``: the subscriber exports ``RSNOTIFY_CHANGE``,
 ``RSNOTIFY_LOC``, ``RSNOTIFY_PATH``... to its hooks, and a hook that runs
 ``rsnotify`` must not have those read back as options.  (``RSNOTIFY_SECRET``
-and ``RSNOTIFY_WS_TOKEN`` are read by the publish and subscribe commands
-themselves, below any layer here.)
+and ``RSNOTIFY_WS_TOKEN`` are the declared defaults of ``--secret`` and
+``--ws-token``, below any layer here.)
 
 Every refusal is a :class:`ConfigError` listing each problem with where it
 is (file and line, or variable name), what is wrong, and a "did you mean"
@@ -41,60 +42,42 @@ import difflib
 import json
 import math
 import os
-import re
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import date, datetime, time
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from .errors import RsNotifyError
+from .configfile import ConfigError, ConfigFile, Problem, load
+from .configvalues import ValueRefused, expected, from_env, from_toml, shown_env
+from .options import Opt, Options, add_arguments, fill, normalize
+
+__all__ = [
+    "COMMON",
+    "CONFIG_ENV",
+    "ENV_PREFIX",
+    "ConfigError",
+    "ConfigFile",
+    "Problem",
+    "Setting",
+    "ValueRefused",
+    "env_part",
+    "env_settings",
+    "file_sections",
+    "from_toml",
+    "in_order",
+    "load",
+    "normalize",
+    "options",
+    "parse_args",
+    "resolve",
+    "show",
+    "suggest",
+    "table_settings",
+]
 
 CONFIG_ENV = "RSNOTIFY_CONFIG"
 ENV_PREFIX = "RSNOTIFY_"
 COMMON = "common"
-
-Kind = Literal["flag", "count", "list", "value"]
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-_NOT_CONFIGURABLE = (
-    argparse._HelpAction,
-    argparse._VersionAction,
-    argparse._SubParsersAction,
-    argparse._AppendConstAction,
-)
-_SECRET_NAME = re.compile(r"(?:^|-)(?:secret|token|password|passwd)s?$", re.IGNORECASE)
-# --header carries credentials (a bearer token) for the Source: shown redacted too.
-_SECRET_NAME = re.compile(rf"{_SECRET_NAME.pattern}|^headers?$", re.IGNORECASE)
-
-
-# --- problems ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing wrong, located: ``where`` is ``file:line``, a file, or a variable name."""
-
-    where: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.message}"
-
-
-class ConfigError(RsNotifyError):
-    """A configuration file or ``RSNOTIFY_*`` variable was refused (one line per problem)."""
-
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(str(p) for p in self.problems))
-
-
-class ValueRefused(Exception):
-    """A value failed conversion; the message says why, the caller adds where."""
 
 
 def suggest(name: str, candidates: Iterable[str]) -> str:
@@ -102,280 +85,22 @@ def suggest(name: str, candidates: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-# --- options, read from the parser ---------------------------------------------------
-
-
-def normalize(key: str) -> str:
-    """Config keys compare with dashes: ``from_beginning`` is ``from-beginning``."""
-    return key.strip().replace("_", "-").lower()
-
-
 def env_part(name: str) -> str:
     return name.replace("-", "_").upper()
 
 
-@dataclass(frozen=True, slots=True)
-class Option:
-    """One configurable argparse action, and the names it answers to."""
-
-    action: argparse.Action
-    kind: Kind
-    key: str  # canonical config key (dashes)
-    aliases: tuple[str, ...]  # every accepted normalized key, ``key`` first
-
-    @property
-    def dest(self) -> str:
-        return self.action.dest
-
-    @property
-    def positional(self) -> bool:
-        return not self.action.option_strings
-
-    @property
-    def secret(self) -> bool:
-        return bool(_SECRET_NAME.search(self.key))
-
-    def env_names(self, command: str) -> list[str]:
-        return [f"{ENV_PREFIX}{env_part(command)}_{env_part(a)}" for a in self.aliases]
-
-    def expected(self, *, item: bool = False) -> str:
-        """What a value (or, with ``item``, one element of a list) must look like."""
-        if self.kind == "flag":
-            return "true or false"
-        if self.kind == "count":
-            return "a non-negative integer"
-        kind = self.action.type
-        if kind is int:
-            text = "an integer"
-        elif kind is float:
-            text = "a number"
-        elif kind is None or kind is str:
-            text = "a string"
-        else:  # a type function may say what it takes (rsnotify.argtypes)
-            text = getattr(kind, "expected", None) or (
-                f"a {getattr(kind, '__name__', 'value').strip('_')} value"
-            )
-        return f"{text} or an array of them" if self.kind == "list" and not item else text
-
-
-def _kind(action: argparse.Action) -> Kind | None:
-    if isinstance(action, _NOT_CONFIGURABLE):
-        return None
-    if isinstance(action, argparse._CountAction):
-        return "count"
-    if action.nargs == 0:  # store_true/false/const, BooleanOptionalAction
-        return "flag"
-    if isinstance(action, argparse._AppendAction) or action.nargs in ("*", "+"):
-        return "list"
-    if isinstance(action.nargs, int) and action.nargs > 1:
-        return "list"
-    return "value"
-
-
-def options(parser: argparse.ArgumentParser) -> dict[str, Option]:
-    """Every configurable option of ``parser``, by each name it answers to."""
-    found: dict[str, Option] = {}
-    for action in parser._actions:
-        kind = _kind(action)
-        if kind is None or action.dest in (argparse.SUPPRESS, "config"):
-            continue
-        longs = [normalize(s.lstrip("-")) for s in action.option_strings if s.startswith("--")]
-        names = [*longs]
-        dest = normalize(action.dest)
-        # The dest is an alias only where it means the same thing as the flag:
-        # for ``--no-cache`` (dest ``cache``) "cache = true" would read backwards.
-        if kind != "flag" or not longs or dest in longs:
-            names.append(dest)
-        aliases = tuple(dict.fromkeys(names))
-        option = Option(action, kind, aliases[0], aliases)
-        for alias in aliases:
-            found.setdefault(alias, option)
+def options(declared: Options) -> dict[str, Opt]:
+    """Every option of a command, by each config key it answers to."""
+    found: dict[str, Opt] = {}
+    for opt in declared:
+        for alias in opt.aliases:
+            found.setdefault(alias, opt)
     return found
 
 
-def unique(opts: Mapping[str, Option]) -> list[Option]:
-    """The options of a mapping from :func:`options`, once each, in parser order."""
-    return list({id(o.action): o for o in opts.values()}.values())
-
-
-# --- conversion ----------------------------------------------------------------------
-
-
-def _toml_kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, int | float):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        return f"a string ({value!r})"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, datetime | date | time):
-        return "a date/time"
-    return type(value).__name__
-
-
-def _call_type(action: argparse.Action, text: str) -> Any:
-    """Convert like argparse does for a command-line string, with its messages."""
-    convert = action.type
-    if convert is None:
-        return text
-    if not callable(convert):
-        raise ValueRefused(f"option type {convert!r} is not callable")
-    try:
-        return convert(text)
-    except argparse.ArgumentTypeError as exc:
-        raise ValueRefused(str(exc)) from None
-    except (TypeError, ValueError):
-        name = getattr(convert, "__name__", repr(convert))
-        raise ValueRefused(f"invalid {name} value: {text!r}") from None
-
-
-def _check_choice(action: argparse.Action, value: Any) -> Any:
-    if action.choices is not None and value not in action.choices:
-        choices = ", ".join(repr(c) for c in action.choices)
-        raise ValueRefused(f"invalid choice: {value!r} (choose from {choices})")
-    return value
-
-
-def _scalar_from_toml(option: Option, value: Any, *, item: bool = False) -> Any:
-    action = option.action
-    if isinstance(value, str):
-        return _check_choice(action, _call_type(action, value))
-    untyped = action.type is None or action.type is str
-    untyped = untyped or getattr(action.type, "expected", None) == "a string"
-    if isinstance(value, int | float) and not isinstance(value, bool) and not untyped:
-        # As the command line would spell it (str(inf) is "inf", which float() reads).
-        return _check_choice(action, _call_type(action, str(value)))
-    hint = " (quote it)" if untyped and isinstance(value, int | float) else ""
-    raise ValueRefused(f"expected {option.expected(item=item)}, got {_toml_kind(value)}{hint}")
-
-
-def _flag_value(option: Option, given: bool) -> Any:
-    """The dest value of a flag given (True) or not (False)."""
-    action = option.action
-    if isinstance(action, argparse.BooleanOptionalAction):
-        return given
-    return action.const if given else _original_default(action)
-
-
-def from_toml(option: Option, value: Any) -> Any:
-    """The dest value for a TOML value, converted and checked as argparse would."""
-    if option.kind == "flag":
-        if not isinstance(value, bool):
-            raise ValueRefused(f"expected true or false, got {_toml_kind(value)}")
-        return _flag_value(option, value)
-    if option.kind == "count":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueRefused(f"expected a non-negative integer, got {_toml_kind(value)}")
-        return value
-    if option.kind == "list":
-        items = value if isinstance(value, list) else [value]
-        out = []
-        for index, item in enumerate(items):
-            try:
-                out.append(_scalar_from_toml(option, item, item=isinstance(value, list)))
-            except ValueRefused as exc:
-                where = f"item {index + 1}: " if isinstance(value, list) else ""
-                raise ValueRefused(f"{where}{exc}") from None
-        return _check_count(option, out)
-    return _scalar_from_toml(option, value)
-
-
-def _check_count(option: Option, items: list[Any]) -> list[Any]:
-    nargs = option.action.nargs
-    if nargs == "+" and not items:
-        raise ValueRefused("expected at least one value")
-    if isinstance(nargs, int) and nargs > 1 and len(items) != nargs:
-        raise ValueRefused(f"expected {nargs} values, got {len(items)}")
-    return items
-
-
-def from_env(option: Option, text: str) -> Any:
-    """The dest value for an environment string (flags: yes/no words; lists: TOML arrays)."""
-    if option.kind == "flag":
-        word = text.strip().lower()
-        if word in _TRUE:
-            return _flag_value(option, True)
-        if word in _FALSE:
-            return _flag_value(option, False)
-        raise ValueRefused(f"expected 1/0, true/false, yes/no or on/off, got {text!r}")
-    if option.kind == "count":
-        if not text.strip().isdigit():
-            raise ValueRefused(f"expected a non-negative integer, got {text!r}")
-        return int(text)
-    if option.kind == "list":
-        if text.lstrip().startswith("["):
-            try:
-                items = tomllib.loads(f"v = {text}")["v"]
-            except tomllib.TOMLDecodeError as exc:
-                raise ValueRefused(f"not a TOML array ({exc}): {text!r}") from None
-            return from_toml(option, items)
-        return _check_count(option, [_check_choice(option.action, _call_type(option.action, text))])
-    return _check_choice(option.action, _call_type(option.action, text))
-
-
-# --- the file ------------------------------------------------------------------------
-
-_HEADER = re.compile(r"^\s*\[\s*([A-Za-z0-9_\-\"' .]+?)\s*\]\s*(?:#.*)?$")
-_KEY = re.compile(r"""^\s*(?:"([^"]+)"|'([^']+)'|([A-Za-z0-9_\-]+))\s*=""")
-
-
-@dataclass(slots=True)
-class ConfigFile:
-    """A parsed TOML configuration file and where its keys are (for messages)."""
-
-    path: Path
-    data: dict[str, Any]
-    lines: dict[tuple[str, str], int] = field(default_factory=dict)
-    section_lines: dict[str, int] = field(default_factory=dict)
-
-    def where(self, section: str | None = None, key: str | None = None) -> str:
-        line = None
-        if section is not None:
-            line = self.section_lines.get(section)
-            if key is not None:
-                line = self.lines.get((section, key), line)
-        return f"{self.path}:{line}" if line else str(self.path)
-
-
-def _locate(text: str) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
-    """Lines of ``[section]`` headers and their ``key =`` lines (tomllib gives none)."""
-    keys: dict[tuple[str, str], int] = {}
-    sections: dict[str, int] = {}
-    section = ""
-    for number, line in enumerate(text.splitlines(), start=1):
-        header = _HEADER.match(line)
-        if header:
-            section = header.group(1).strip().strip("\"'")
-            sections.setdefault(section, number)
-            continue
-        key = _KEY.match(line)
-        if key:
-            name = next(g for g in key.groups() if g is not None)
-            keys.setdefault((section, name), number)
-    return keys, sections
-
-
-def load(path: str | os.PathLike[str]) -> ConfigFile:
-    """Read and parse a TOML file; unreadable files and syntax errors are ConfigErrors."""
-    location = Path(path)
-    try:
-        raw = location.read_bytes()
-    except OSError as exc:
-        raise ConfigError([Problem(str(location), f"cannot read: {exc.strerror or exc}")]) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError([Problem(str(location), f"not UTF-8: {exc}")]) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([Problem(str(location), f"invalid TOML: {exc}")]) from None
-    keys, sections = _locate(text)
-    return ConfigFile(location, data, keys, sections)
+def unique(opts: Mapping[str, Opt]) -> list[Opt]:
+    """The options of a mapping from :func:`options`, once each, in declared order."""
+    return list({id(o): o for o in opts.values()}.values())
 
 
 # --- resolving -----------------------------------------------------------------------
@@ -385,7 +110,7 @@ def load(path: str | os.PathLike[str]) -> ConfigFile:
 class Setting:
     """A value for one option and where it came from (for ``config show``)."""
 
-    option: Option
+    option: Opt
     value: Any  # the dest value, converted
     shown: Any  # a TOML-able form of what was written
     origin: str
@@ -402,7 +127,7 @@ def file_sections(
         if not isinstance(table, dict):
             problems.append(
                 Problem(
-                    file.where("", name),
+                    file.where(name),
                     f"{name!r} is outside any section; put it under [{COMMON}] or a "
                     f"subcommand's section ({', '.join(f'[{s}]' for s in known)})",
                 )
@@ -424,7 +149,7 @@ def table_settings(
     file: ConfigFile,
     section: str,
     table: Mapping[str, Any],
-    opts: Mapping[str, Option],
+    opts: Mapping[str, Opt],
     problems: list[Problem],
     *,
     strict: bool,
@@ -433,8 +158,8 @@ def table_settings(
     seen: dict[str, str] = {}
     for key, value in table.items():
         where = file.where(section, key)
-        option = opts.get(normalize(key))
-        if option is None:
+        opt = opts.get(normalize(key))
+        if opt is None:
             if strict:
                 problems.append(
                     Problem(
@@ -443,43 +168,29 @@ def table_settings(
                     )
                 )
             continue
-        if option.dest in seen:
+        if opt.dest in seen:
             problems.append(
-                Problem(where, f"[{section}] {key}: set twice (also as {seen[option.dest]!r})")
+                Problem(where, f"[{section}] {key}: set twice (also as {seen[opt.dest]!r})")
             )
             continue
-        seen[option.dest] = key
+        seen[opt.dest] = key
         if isinstance(value, dict):
             problems.append(
-                Problem(where, f"[{section}] {key}: expected {option.expected()}, got a table")
+                Problem(where, f"[{section}] {key}: expected {expected(opt)}, got a table")
             )
             continue
         try:
-            converted = from_toml(option, value)
+            converted = from_toml(opt, value)
         except ValueRefused as exc:
             problems.append(Problem(where, f"[{section}] {key}: {exc}"))
             continue
-        settings[option.dest] = Setting(option, converted, value, f"{where} [{section}]")
+        settings[opt.dest] = Setting(opt, converted, value, f"{where} [{section}]")
     return settings
-
-
-def _shown_env(option: Option, value: Any, text: str) -> Any:
-    if option.kind == "flag":  # as in the file: was the flag given?
-        return text.strip().lower() in _TRUE
-    if option.kind == "count":
-        return value
-    if option.kind == "list":
-        if text.lstrip().startswith("["):
-            return tomllib.loads(f"v = {text}")["v"]
-        return [text]
-    if isinstance(value, int | float | str) and not isinstance(value, bool):
-        return value
-    return text
 
 
 def env_settings(
     command: str,
-    opts: Mapping[str, Option],
+    opts: Mapping[str, Opt],
     environ: Mapping[str, str],
     problems: list[Problem],
     *,
@@ -487,36 +198,34 @@ def env_settings(
     strict: bool,
 ) -> dict[str, Setting]:
     prefix = f"{ENV_PREFIX}{prefix_part}_"
-    by_name = {
-        f"{prefix}{env_part(alias)}": option for option in unique(opts) for alias in option.aliases
-    }
+    by_name = {f"{prefix}{env_part(alias)}": opt for opt in unique(opts) for alias in opt.aliases}
     settings: dict[str, Setting] = {}
     for name in sorted(environ):
         if not name.startswith(prefix):
             continue
-        option = by_name.get(name)
-        if option is None:
+        opt = by_name.get(name)
+        if opt is None:
             if strict:
                 unknown = name[len(prefix) :]
                 hint = suggest(name, by_name)
                 problems.append(Problem(name, f"no option {unknown!r} in rsnotify {command}{hint}"))
             continue
-        if option.dest in settings:
-            problems.append(Problem(name, f"set twice (also as {settings[option.dest].origin})"))
+        if opt.dest in settings:
+            problems.append(Problem(name, f"set twice (also as {settings[opt.dest].origin})"))
             continue
         text = environ[name]
         try:
-            value = from_env(option, text)
+            value = from_env(opt, text)
         except ValueRefused as exc:
             problems.append(Problem(name, str(exc)))
             continue
-        settings[option.dest] = Setting(option, value, _shown_env(option, value, text), name)
+        settings[opt.dest] = Setting(opt, value, shown_env(opt, value, text), name)
     return settings
 
 
 def resolve(
     command: str,
-    parser: argparse.ArgumentParser,
+    declared: Options,
     file: ConfigFile | None,
     environ: Mapping[str, str],
     *,
@@ -526,27 +235,22 @@ def resolve(
 
     ``sections`` are every subcommand's name: a section for another subcommand
     is legal here, but its keys are checked only when that subcommand runs (or by
-    ``rsnotify config check``, which knows every parser).
+    ``rsnotify config check``, which knows every subcommand's options).
     """
-    opts = options(parser)
+    opts = options(declared)
     problems: list[Problem] = []
     merged: dict[str, Setting] = {}
     if file is not None:
         tables = file_sections(file, sections, problems)
-        if COMMON in tables:
-            merged.update(
-                table_settings(file, COMMON, tables[COMMON], opts, problems, strict=False)
-            )
-        if command in tables:
-            merged.update(
-                table_settings(file, command, tables[command], opts, problems, strict=True)
-            )
-    merged.update(
-        env_settings(command, opts, environ, problems, prefix_part="COMMON", strict=False)
-    )
-    merged.update(
-        env_settings(command, opts, environ, problems, prefix_part=env_part(command), strict=True)
-    )
+        for section, strict in ((COMMON, False), (command, True)):
+            if section in tables:
+                merged.update(
+                    table_settings(file, section, tables[section], opts, problems, strict=strict)
+                )
+    for part, strict in (("COMMON", False), (env_part(command), True)):
+        merged.update(
+            env_settings(command, opts, environ, problems, prefix_part=part, strict=strict)
+        )
     if problems:
         raise ConfigError(in_order(problems))
     return merged
@@ -564,65 +268,37 @@ def in_order(problems: Iterable[Problem]) -> list[Problem]:
     return sorted(dict.fromkeys(problems), key=key)
 
 
-# --- installing the values into the parser --------------------------------------------
-
-_ORIGINAL = "_rsnotify_original"  # (default, required, nargs) before install()
+# --- parsing -------------------------------------------------------------------------
 
 
-def _original_default(action: argparse.Action) -> Any:
-    saved = getattr(action, _ORIGINAL, None)
-    return action.default if saved is None else saved[0]
+def parse_args(
+    declared: Options,
+    parser: argparse.ArgumentParser,
+    command: str,
+    argv: Sequence[str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    sections: Iterable[str] = (),
+) -> argparse.Namespace:
+    """Parse ``argv`` with file and environment values beneath the flags.
 
-
-def uninstall(parser: argparse.ArgumentParser) -> None:
-    """Undo :func:`install`, so a parser can be used again with other settings."""
-    for action in parser._actions:
-        saved = getattr(action, _ORIGINAL, None)
-        if saved is not None:
-            action.default, action.required, action.nargs = saved
-            delattr(action, _ORIGINAL)
-
-
-def install(settings: Mapping[str, Setting]) -> dict[str, Any]:
-    """Make the settings the parser's defaults; returns the list values to restore after parse.
-
-    A repeatable option's configured list is not a default argparse may append
-    to (``--collection c`` would give file items + c): its default becomes a
-    fresh empty list, and :func:`finish` puts the configured list back only if
-    no flag replaced that very object.
+    ``parser`` is new (it has no arguments yet): it gets the declared options,
+    with the configured values as their defaults, and ``--config``.
     """
-    lists: dict[str, Any] = {}
-    for dest, setting in settings.items():
-        action = setting.option.action
-        if not hasattr(action, _ORIGINAL):
-            setattr(action, _ORIGINAL, (action.default, action.required, action.nargs))
-        action.required = False
-        if setting.option.positional:
-            action.nargs = "*" if action.nargs in ("*", "+") else "?"
-        if setting.option.kind == "list" and isinstance(action, argparse._AppendAction):
-            empty: list[Any] = []
-            action.default = empty
-            lists[dest] = (empty, setting.value)
-        else:
-            action.default = setting.value
-    return lists
-
-
-def finish(namespace: argparse.Namespace, lists: Mapping[str, Any]) -> argparse.Namespace:
-    for dest, (placeholder, configured) in lists.items():
-        if getattr(namespace, dest, None) is placeholder:
-            setattr(namespace, dest, list(configured))
-    return namespace
-
-
-def add_config_option(parser: argparse.ArgumentParser) -> None:
-    if "--config" not in parser._option_string_actions:
-        parser.add_argument(
-            "--config",
-            metavar="FILE",
-            help=f"read options from this TOML file: section [{parser.prog.split()[-1]}], "
-            f"then [{COMMON}] (default: ${CONFIG_ENV}); flags and RSNOTIFY_* variables win",
-        )
+    environ = os.environ if environ is None else environ
+    path = config_path(argv, environ)
+    file = load(path) if path else None
+    sections = dict.fromkeys([*sections, command])
+    settings = resolve(command, declared, file, environ, sections=sections)
+    configured = {dest: setting.value for dest, setting in settings.items()}
+    add_arguments(declared, parser, environ=environ, configured=configured)
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"read options from this TOML file: section [{command}], "
+        f"then [{COMMON}] (default: ${CONFIG_ENV}); flags and RSNOTIFY_* variables win",
+    )
+    return fill(parser.parse_args(list(argv)), declared, configured)
 
 
 def config_path(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
@@ -638,36 +314,17 @@ def config_path(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
     return environ.get(CONFIG_ENV) or None
 
 
-def parse_args(
-    parser: argparse.ArgumentParser,
-    command: str,
-    argv: Sequence[str],
-    *,
-    environ: Mapping[str, str] | None = None,
-    sections: Iterable[str] = (),
-) -> argparse.Namespace:
-    """``parser.parse_args(argv)`` with file and environment values beneath the flags."""
-    environ = os.environ if environ is None else environ
-    add_config_option(parser)
-    uninstall(parser)
-    path = config_path(argv, environ)
-    file = load(path) if path else None
-    settings = resolve(command, parser, file, environ, sections=dict.fromkeys([*sections, command]))
-    lists = install(settings)
-    return finish(parser.parse_args(list(argv)), lists)
-
-
 # --- showing -------------------------------------------------------------------------
 
 
-def redact(option: Option, value: Any) -> Any:
+def redact(opt: Opt, value: Any) -> Any:
     """Hide secrets: whole values of secret options, passwords inside URLs."""
     if value is None:
         return None
-    if option.secret:
+    if opt.secret:
         return [redact_text(v, True) for v in value] if isinstance(value, list) else "<redacted>"
     if isinstance(value, list):
-        return [redact(option, v) for v in value]
+        return [redact(opt, v) for v in value]
     return redact_text(value, False) if isinstance(value, str) else value
 
 
@@ -710,76 +367,28 @@ def toml_value(value: Any) -> str | None:
     return None
 
 
-def show(parser: argparse.ArgumentParser, settings: Mapping[str, Setting]) -> list[str]:
+def show(
+    declared: Options, settings: Mapping[str, Setting], environ: Mapping[str, str]
+) -> list[str]:
     """The effective options as TOML lines, each with where its value came from."""
     lines: list[str] = []
-    for option in unique(options(parser)):
-        setting = settings.get(option.dest)
+    for opt in declared:
+        setting = settings.get(opt.dest)
         if setting is not None:
-            text = toml_value(redact(option, setting.shown))
+            text = toml_value(redact(opt, setting.shown))
             if text is None:
                 text = json.dumps(str(setting.shown))
-            lines.append(f"{option.key} = {text}  # {setting.origin}")
+            lines.append(f"{opt.key} = {text}  # {setting.origin}")
             continue
-        default = _original_default(option.action)
-        if option.kind == "flag" and not isinstance(option.action, argparse.BooleanOptionalAction):
+        default = opt.default_value(environ)
+        if opt.kind == "flag" and not opt.toggle:
             default = False  # the flag is not given
-        text = toml_value(redact(option, default))
-        if default is None or default == argparse.SUPPRESS:
-            required = " (required)" if option.action.required else ""
-            lines.append(f"# {option.key} =  # not set{required}")
+        text = toml_value(redact(opt, default))
+        if default is None:
+            required = " (required)" if opt.is_required else ""
+            lines.append(f"# {opt.key} =  # not set{required}")
         elif text is None:
-            lines.append(f"# {option.key}: default {default!r}")
+            lines.append(f"# {opt.key}: default {default!r}")
         else:
-            lines.append(f"{option.key} = {text}  # default")
+            lines.append(f"{opt.key} = {text}  # default")
     return lines
-
-
-# --- lenient reading of Sources (Z39.99 rules a reader may relax) ---------------------
-
-
-def _lenient_text(text: str) -> str:
-    """``--lenient`` values checked now (an unknown rule is a usage error), kept as text."""
-    from .sitemap import Lenient, parse_lenient
-
-    try:
-        rules = parse_lenient(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return ",".join(rule.value for rule in Lenient if rule in rules) or "none"
-
-
-def add_lenient_option(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: str = "none"
-) -> None:
-    """``--lenient RULE[,RULE]`` (and ``--strict``): the specification rules a reader relaxes.
-
-    One spelling for ``inspect``, ``publish`` and ``subscribe``; the rules are
-    :class:`rsnotify.sitemap.Lenient` and end up in ``sitemap.Limits.lenient``
-    through :func:`lenient_rules`.
-    """
-    from .sitemap import LENIENT_HELP
-
-    rules = "; ".join(f"{rule.value}: {text}" for rule, text in LENIENT_HELP.items())
-    parser.add_argument(
-        "--lenient",
-        metavar="RULE[,RULE]",
-        type=_lenient_text,
-        default=default,
-        help=f"relax these rules of the specification, each reported once per document "
-        f"({rules}; also all, none; default: {default})",
-    )
-    parser.add_argument(
-        "--strict",
-        action="store_true",
-        help="relax no rule of the specification (overrides --lenient)",
-    )
-
-
-def lenient_rules(args: argparse.Namespace) -> frozenset[Any]:
-    """The :class:`~rsnotify.sitemap.Lenient` rules ``args`` asks for (none with ``--strict``)."""
-    from .sitemap import parse_lenient
-
-    if getattr(args, "strict", False):
-        return frozenset()
-    return parse_lenient(getattr(args, "lenient", "none") or "none")

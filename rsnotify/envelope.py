@@ -37,10 +37,21 @@ Source rotate secrets while Destinations accept both keys for a while.  The
 signature travels beside the payload (MQTT 5 user property, WebSocket frame
 field, HTTP header), never inside it, so "the bytes that were signed" is never
 ambiguous.
+
+Why one module of ~700 lines: it is one wire contract, written and read
+here, both ends.  The XML form decodes through the same validator as the JSON
+form (:func:`from_dict`), so a change is accepted or refused by the same
+rules whichever form carried it, and encoders and decoders sit side by side
+so they cannot drift apart; the signature is over the bytes those encoders
+produce.  The document-level XML work is delegated: reading to
+:mod:`rsnotify.sitemap` (its hostile-input bounds), writing to
+:mod:`rsnotify.sitemapwriter`, datetimes to :mod:`rsnotify.w3cdt`; turning a
+logged change into what a transport sends is :mod:`rsnotify.outbound`.
 """
 
 from __future__ import annotations
 
+import datetime as dt  # for classes with a field named datetime
 import functools
 import hashlib
 import hmac
@@ -54,8 +65,13 @@ import orjson
 
 from . import w3cdt
 from .collection import is_valid_collection_id
-from .errors import DocumentError, InvalidDatetime, RsNotifyError
+from .errors import DocumentError, InvalidDatetime
+from .errors import InvalidNotification as InvalidNotification  # re-exported: its old home
+from .errors import SignatureError as SignatureError  # re-exported: its old home
 from .model import ChangeType, Document, Entry, Link, Root, make_document
+
+# Any (strict module): decoded JSON values (orjson.loads), checked field by field
+# (_require, _optional, _time, _link_of) before they become a Notification.
 
 VERSION = 1
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -73,17 +89,16 @@ _RSN = f"{{{RSNOTIFY_NS}}}"
 SIGNATURE_PROPERTY = "rsnotify-signature"  # MQTT 5 user property / WebSocket field name
 
 _CHANGES = {c.value: c for c in ChangeType}
-# Characters XML 1.0 cannot carry (as in sitemap.py), lone surrogates included.
+# Characters XML 1.0 cannot carry (as in sitemapwriter.py), lone surrogates included.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _TEXT_FIELDS = ("collection", "capabilitylist", "changelist", "loc", "hash", "type")
 
 
-class InvalidNotification(RsNotifyError):
-    """A payload that is not a notification rsnotify can apply (garbage, oversized, forged)."""
-
-
-class SignatureError(InvalidNotification):
-    """A payload that is unsigned, or signed with an unknown key or a wrong digest."""
+# The latency stages a notification's times delimit, in order: change ->
+# ``detected`` (detect) -> ``published`` (publish) -> received (deliver) ->
+# applied (apply), and change -> applied (e2e).  One list for the telemetry
+# writer (rsnotify.report) and the dashboard that reads it.
+LATENCY_STAGES = ("e2e", "detect", "publish", "deliver", "apply")
 
 
 @dataclass(slots=True)
@@ -101,22 +116,22 @@ class Notification:
     changelist: str
     loc: str
     change: ChangeType
-    datetime: datetime
+    datetime: dt.datetime
     hash: str | None = None
     length: int | None = None
     type: str | None = None
     links: list[dict[str, Any]] = field(default_factory=list)
-    lastmod: datetime | None = None
-    detected: datetime | None = None
-    published: datetime | None = None
+    lastmod: dt.datetime | None = None
+    detected: dt.datetime | None = None
+    published: dt.datetime | None = None
     # The change datetime of the change logged before this one (JSON "from"): where
     # the Change Notification interval of this change starts.  None: its own datetime.
-    since: datetime | None = None
+    since: dt.datetime | None = None
     # Not on the wire: when this Destination received it (epoch seconds), for latency.
     received: float | None = field(default=None, compare=False)
 
     @property
-    def identity(self) -> tuple[str, datetime, str]:
+    def identity(self) -> tuple[str, dt.datetime, str]:
         """(loc, change time, change): what makes applying this change idempotent."""
         return (self.loc, self.datetime, self.change.value)
 
@@ -129,8 +144,8 @@ class Notification:
         seq: int,
         capabilitylist: str,
         changelist: str,
-        detected: datetime | None = None,
-        since: datetime | None = None,
+        detected: dt.datetime | None = None,
+        since: dt.datetime | None = None,
     ) -> Notification:
         """Build the notification for a Change List entry (which the parser validated).
 
@@ -159,7 +174,7 @@ class Notification:
         )
 
     @property
-    def interval_start(self) -> datetime:
+    def interval_start(self) -> dt.datetime:
         """``from`` of a notification that starts with this change."""
         return self.since if self.since is not None else self.datetime
 
@@ -439,9 +454,9 @@ def entry_fragment(entry: Entry) -> bytes:
     (section 3 of both texts): each renders its entries with this and
     :func:`compose` puts the header around them.
     """
-    from . import sitemap
+    from . import sitemapwriter
 
-    return sitemap._entry_xml(entry, "url").encode("utf-8")
+    return sitemapwriter._entry_xml(entry, "url").encode("utf-8")
 
 
 def url_fragment(n: Notification) -> bytes:

@@ -36,6 +36,15 @@ Redirects are followed here, not by aiohttp, precisely so every hop is checked
 against the allow-list, and so credentials are attached per hop, only to the
 Source's own origin.  The check compares scheme, IDNA host and port; it does
 not stop a permitted host name from resolving to a private address.
+
+Why one module of ~720 lines: most of it is one class, :class:`Fetcher`,
+and every request goes through its one path (``get`` is ``stream`` read
+whole; every redirect hop goes round it again) with the same checks in the
+same order -- origin allow-list, per-host slot, credentials for the Source's
+origin only, deadline, byte limit, encoding -- so a check added once covers
+every caller.  Policy is elsewhere and pure: :mod:`rsnotify.httppolicy` (what
+may be sent, pace, ``Retry-After``), :mod:`rsnotify.validators`
+(conditional-request validators), :mod:`rsnotify.links` (``Link`` headers).
 """
 
 from __future__ import annotations
@@ -47,13 +56,20 @@ import logging
 from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from urllib.parse import unquote, urljoin
+from urllib.parse import urljoin
 
 import aiohttp
 import yarl
 
-from .errors import DocumentTooLarge, FetchError
+from .errors import (
+    DeadlineExceeded,
+    FetchError,
+    OriginNotAllowed,
+    ResponseTooLarge,
+    UnwantedEncoding,
+)
 from .httppolicy import HttpPolicy, OriginGate, parse_retry_after, proxy_for, user_agent
+from .links import has_rel, parse_link_header
 from .validators import is_strong_etag, strong_last_modified
 
 __all__ = [
@@ -81,60 +97,6 @@ _SCHEMES = frozenset({"http", "https"})
 # arriving at 100 kB/s or better is never cut by the deadline; a trickle is.
 DEADLINE_CREDIT_RATE = 100_000  # bytes per second
 _BUSY = frozenset({429, 503})  # statuses whose Retry-After is honoured (RFC 9110 10.2.3)
-
-
-class ResponseTooLarge(FetchError, DocumentTooLarge):
-    """The response body exceeded ``max_bytes``; the rest was never read."""
-
-    def __init__(self, url: str, limit: int, *, declared: int | None = None):
-        self.limit = limit
-        self.declared = declared
-        if declared is not None:
-            message = f"Content-Length {declared} exceeds the limit of {limit} bytes"
-        else:
-            message = f"response body exceeds the limit of {limit} bytes"
-        # MRO: FetchError.__init__ -> DocumentError.__init__ -> Exception, so both
-        # families' attributes (url/status and reason/line/element) are set.
-        super().__init__(url, message)
-
-
-class DeadlineExceeded(FetchError):
-    """Headers and body together took longer than the fetch deadline.
-
-    The deadline grows by one second per :data:`DEADLINE_CREDIT_RATE` bytes
-    received, so only a transfer slower than that on average is cut.
-    """
-
-    def __init__(self, url: str, deadline: float, received: int):
-        self.deadline = deadline
-        self.received = received
-        super().__init__(
-            url,
-            f"timed out: not complete within the fetch deadline of {deadline:g}s "
-            f"({received} bytes received)",
-        )
-
-
-class UnwantedEncoding(FetchError):
-    """The server encoded a body we asked for as ``identity``; refused before decoding it."""
-
-    def __init__(self, url: str, encoding: str):
-        self.encoding = encoding
-        super().__init__(
-            url,
-            f"Content-Encoding {encoding} although Accept-Encoding: identity was asked "
-            "(a compressed body of unbounded size is not decoded)",
-        )
-
-
-class OriginNotAllowed(FetchError):
-    """The URL's origin (scheme://host:port) is not in the allowed set."""
-
-    def __init__(self, url: str, origin: str, allowed: Collection[str]):
-        self.origin = origin
-        self.allowed = frozenset(allowed)
-        listed = ", ".join(sorted(self.allowed)) or "(none)"
-        super().__init__(url, f"origin {origin} is not allowed (allowed: {listed})")
 
 
 # --- pure helpers -------------------------------------------------------------
@@ -186,130 +148,6 @@ def check_origin(url: str, allowed: Collection[str] | None) -> None:
     permitted = _normalise_origins(allowed)
     if origin not in permitted:
         raise OriginNotAllowed(url, origin, permitted)
-
-
-def parse_link_header(value: str) -> list[tuple[str, dict[str, str]]]:
-    """Parse an HTTP ``Link`` header (RFC 8288) into ``(target, params)`` pairs.
-
-    Header values come from the network, so the parser is lenient: a malformed
-    link-value is skipped up to the next top-level comma and parsing continues,
-    never raising.  Targets are returned as written (not resolved; see
-    :meth:`FetchResult.links` for resolved ones).  Parameter names are
-    lower-cased; the first occurrence of a parameter wins (RFC 8288 section
-    3.3 for ``rel``); ``rel`` and ``rev`` values are lower-cased with their
-    whitespace collapsed, so ``has_rel`` can split them.  Extended parameters
-    (``title*=UTF-8''...``, RFC 8187) are decoded and stored under their
-    starred name.
-    """
-    links: list[tuple[str, dict[str, str]]] = []
-    i, n = 0, len(value)
-    while i < n:
-        while i < n and value[i] in " \t\r\n,":
-            i += 1
-        if i >= n:
-            break
-        if value[i] != "<":
-            i = _skip_to_comma(value, i)
-            continue
-        end = value.find(">", i + 1)
-        if end < 0:
-            break
-        target = value[i + 1 : end].strip()
-        i = end + 1
-        params: dict[str, str] = {}
-        while True:
-            i = _skip_ows(value, i)
-            if i >= n or value[i] == ",":
-                break
-            if value[i] != ";":
-                i = _skip_to_comma(value, i)
-                break
-            i = _skip_ows(value, i + 1)
-            start = i
-            while i < n and value[i] not in ";,= \t\r\n":
-                i += 1
-            name = value[start:i].lower()
-            i = _skip_ows(value, i)
-            param_value = ""
-            if i < n and value[i] == "=":
-                i = _skip_ows(value, i + 1)
-                if i < n and value[i] == '"':
-                    param_value, i = _quoted_string(value, i)
-                else:
-                    start = i
-                    while i < n and value[i] not in ";, \t\r\n":
-                        i += 1
-                    param_value = value[start:i]
-            if not name or name in params:
-                continue
-            if name.endswith("*"):
-                param_value = _decode_ext_value(param_value)
-            if name in ("rel", "rev"):
-                param_value = " ".join(param_value.lower().split())
-            params[name] = param_value
-        links.append((target, params))
-    return links
-
-
-def has_rel(params: Mapping[str, str], rel: str) -> bool:
-    """True when a link's space-separated ``rel`` includes ``rel`` (case-insensitive)."""
-    return rel.lower() in params.get("rel", "").lower().split()
-
-
-def _skip_ows(value: str, i: int) -> int:
-    while i < len(value) and value[i] in " \t\r\n":
-        i += 1
-    return i
-
-
-def _skip_to_comma(value: str, i: int) -> int:
-    """Index just past the next comma outside quotes and angle brackets."""
-    n = len(value)
-    while i < n:
-        char = value[i]
-        if char == ",":
-            return i + 1
-        if char == '"':
-            _, i = _quoted_string(value, i)
-            continue
-        if char == "<":
-            end = value.find(">", i + 1)
-            i = n if end < 0 else end + 1
-            continue
-        i += 1
-    return n
-
-
-def _quoted_string(value: str, i: int) -> tuple[str, int]:
-    """Read a quoted-string starting at ``value[i] == '"'``; unterminated ends at EOS."""
-    out: list[str] = []
-    i += 1
-    n = len(value)
-    while i < n:
-        char = value[i]
-        if char == "\\" and i + 1 < n:
-            out.append(value[i + 1])
-            i += 2
-            continue
-        if char == '"':
-            return "".join(out), i + 1
-        out.append(char)
-        i += 1
-    return "".join(out), n
-
-
-def _decode_ext_value(raw: str) -> str:
-    """RFC 8187 ``charset'lang'pct-encoded``; anything else is returned unchanged."""
-    charset, sep, rest = raw.partition("'")
-    if not sep:
-        return raw
-    _lang, sep, encoded = rest.partition("'")
-    if not sep:
-        return raw
-    try:
-        return unquote(encoded, encoding=charset or "utf-8", errors="strict")
-    except (LookupError, UnicodeDecodeError):
-        return raw
 
 
 def _content_range_start(value: str | None) -> int | None:

@@ -42,6 +42,7 @@ Table 2 (which change types a Source sends for which capability)
 
 from __future__ import annotations
 
+import datetime as dt  # for classes with a field named datetime
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -58,6 +59,8 @@ from .envelope import (
     InvalidNotification,
 )
 from .model import Capability, ChangeType, Entry, Link
+
+# Any (strict module): JSON objects, checked field by field (_checked).
 
 SPEC = "Framework Notification 1.0.1 section 3"
 #: The log stream of a collection's framework notifications: ``<collection>.framework``.
@@ -88,14 +91,14 @@ class FrameworkChange:
     loc: str
     capability: str
     change: ChangeType
-    datetime: datetime | None = None  # the document's own time (a Resource List's ``at``)
+    datetime: dt.datetime | None = None  # the document's own time (a Resource List's ``at``)
     index: str | None = None  # the index the document resides under (section 2)
     seq: int | None = None  # rsnotify's sequence number in the collection's framework stream
-    detected: datetime | None = None  # when the publisher found it: the interval's end
-    since: datetime | None = None  # when the framework change before it was found
+    detected: dt.datetime | None = None  # when the publisher found it: the interval's end
+    since: dt.datetime | None = None  # when the framework change before it was found
 
     @property
-    def interval_start(self) -> datetime | None:
+    def interval_start(self) -> dt.datetime | None:
         return self.since if self.since is not None else self.detected
 
     def describe(self) -> str:

@@ -1,8 +1,8 @@
 """The command-line options that fill an :class:`~rsnotify.httppolicy.HttpPolicy`.
 
 ``rsnotify publish``, ``subscribe`` and ``inspect`` read Sources over the same
-HTTP client, so they share one option group, added by :func:`add_arguments`
-and read back by :func:`policy_from_args`.  Like every option, each is also
+HTTP client, so they share one option group, :data:`HTTP`, whose values
+:func:`policy_from_args` reads back.  Like every option, each is also
 settable from the TOML file or ``RSNOTIFY_<COMMAND>_<OPTION>`` (a bearer token
 is better kept out of the process list: ``RSNOTIFY_SUBSCRIBE_HEADER='Authorization:
 Bearer ...'``), and ``config show`` redacts ``header`` values.
@@ -11,6 +11,7 @@ Bearer ...'``), and ``config show`` redacts ``header`` values.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from .httppolicy import (
     DEFAULT_DEADLINE,
@@ -18,8 +19,9 @@ from .httppolicy import (
     HttpPolicy,
     parse_header,
 )
+from .options import Group, option, repeated
 
-__all__ = ["add_arguments", "policy_from_args"]
+__all__ = ["HTTP", "policy_from_args"]
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -29,7 +31,7 @@ def _header(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive(kind: type[float] | type[int], *, zero: bool) -> argparse._ActionType:
+def _positive(kind: type[float] | type[int], *, zero: bool) -> Callable[[str], float | int]:
     def convert(text: str) -> float | int:
         try:
             value = kind(text)
@@ -44,68 +46,74 @@ def _positive(kind: type[float] | type[int], *, zero: bool) -> argparse._ActionT
     return convert
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``HTTP`` option group: credentials, trust, identity, pace, deadline."""
-    group = parser.add_argument_group(
-        "HTTP (credentials go to the Source's own origin only, never to mirrors or "
-        "across a redirect to another origin)"
-    )
-    group.add_argument(
+# Not fields of the config object themselves: policy_from_args() makes its ``http``.
+HTTP = Group(
+    "HTTP (credentials go to the Source's own origin only, never to mirrors or "
+    "across a redirect to another origin)",
+    repeated(
         "--header",
-        action="append",
         type=_header,
-        default=[],
         metavar="'NAME: VALUE'",
         help="send this header to the Source's origin (repeatable), e.g. "
         "'Authorization: Bearer TOKEN'",
-    )
-    group.add_argument(
+        secret=True,  # carries credentials (a bearer token)
+        field=None,
+    ),
+    option(
         "--netrc",
         nargs="?",
         const="",
         metavar="FILE",
         help="Basic credentials for the Source's host from FILE (default $NETRC or ~/.netrc)",
-    )
-    group.add_argument(
+        field=None,
+    ),
+    option(
         "--ca",
         metavar="FILE",
         help="also trust this CA certificate (PEM) for https:// Sources and mirrors",
-    )
-    group.add_argument(
+        field=None,
+    ),
+    option(
         "--contact",
         metavar="EMAIL|URL",
         help="add this address to the User-Agent, so the Source's operator can reach you",
-    )
-    group.add_argument(
+        field=None,
+    ),
+    option(
         "--max-rate",
         type=_positive(float, zero=True),
         default=0.0,
         metavar="N",
         help="at most N requests per second to any one origin (default 0: no rate cap; "
         "429/503 Retry-After is always honoured)",
-    )
-    group.add_argument(
+        field=None,
+    ),
+    option(
         "--max-connections",
         type=_positive(int, zero=False),
         metavar="N",
         help="at most N connections to any one origin (default 8; subscribe: --concurrency)",
-    )
-    group.add_argument(
+        field=None,
+    ),
+    option(
         "--fetch-deadline",
         type=_positive(float, zero=False),
         default=DEFAULT_DEADLINE,
         metavar="SECONDS",
         help="give up a fetch whose headers and body take longer, plus 1 s per 100 kB "
         f"received (default {DEFAULT_DEADLINE:g})",
-    )
-    group.add_argument(
+        field=None,
+    ),
+    option(
         "--max-retry-after",
         type=_positive(float, zero=True),
         default=DEFAULT_MAX_RETRY_AFTER,
         metavar="SECONDS",
         help="wait out a 429/503 Retry-After up to this long within one fetch "
         f"(default {DEFAULT_MAX_RETRY_AFTER:g}); longer: the fetch fails and is retried later",
-    )
+        field=None,
+    ),
+)
 
 
 def policy_from_args(args: argparse.Namespace) -> HttpPolicy:

@@ -222,7 +222,9 @@ def proxy_for(url: str, *, from_env: bool = True) -> tuple[str | None, tuple[str
     proxies = _env_proxies()
     parsed = yarl.URL(url)
     proxy = proxies.get(parsed.scheme)
-    if not proxy or urllib.request.proxy_bypass_environment(parsed.raw_host or "", proxies):
+    # proxy_bypass_environment: in urllib.request, undocumented; typeshed omits it.
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+    if not proxy or bypass(parsed.raw_host or "", proxies):
         return None, None
     target = yarl.URL(proxy if "://" in proxy else f"http://{proxy}")
     auth = (target.user or "", target.password or "") if target.user else None

@@ -7,8 +7,10 @@ serves it with ``/metrics`` and ``/healthz`` on ``--metrics-port``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -66,6 +68,13 @@ class PublisherMetrics:
             ["collection"],
             registry=r,
         )
+        self.log_reconciled = Counter(
+            "rsnotify_log_reconciled_total",
+            "Times the log had lost pushed entries after a failover: rewritten from memory, "
+            "or refused (the collection stops; issue 19)",
+            ["collection", "outcome"],
+            registry=r,
+        )
         self.ws_clients = Gauge(
             "rsnotify_websocket_clients", "Connected WebSocket clients", registry=r
         )
@@ -95,7 +104,8 @@ async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunn
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server  # aiohttp exposes the bound sockets only here
+    # aiohttp exposes the bound sockets only here, typed as an AbstractServer.
+    server = cast("asyncio.Server | None", site._server)
     bound = server.sockets[0].getsockname()[1] if server and server.sockets else port
     return runner, bound
 

@@ -395,6 +395,7 @@ def document_class(root: Root, capability: str) -> type[Document]:
 def make_document(root: Root, capability: str, **fields: object) -> Document:
     """Build the typed document for ``root`` and ``capability``."""
     cls = document_class(root, capability)
+    # The parser passes each class its own fields; **fields: object cannot say which.
     return cls(root=root, capability=capability, **fields)  # type: ignore[arg-type]
 
 

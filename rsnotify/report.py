@@ -58,9 +58,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
+from . import redisurl
 from .argtypes import REDIS_SCHEMES
 from .cancellation import raise_if_cancelled
-from .errors import RsNotifyError
+from .envelope import LATENCY_STAGES
+from .errors import ReportError
 
 log = logging.getLogger("rsnotify.report")
 
@@ -72,13 +74,9 @@ SAMPLES_MAXLEN = 100_000
 EVENTS_MAXLEN = 10_000
 STATUS_TTL = 24 * 3600
 BUFFER = 20_000  # samples held while Redis is slow; beyond that the oldest are dropped
-STAGES = ("e2e", "detect", "publish", "deliver", "apply")
+STAGES = LATENCY_STAGES
 # Engine states that mean "not applying pushed changes in order yet".
 CATCHING_UP = frozenset({"starting", "baseline", "catching-up"})
-
-
-class ReportError(RsNotifyError):
-    """A telemetry target that cannot be used (a bad URL)."""
 
 
 def subscriber_key(name: str) -> str:
@@ -94,7 +92,8 @@ def check_url(url: str) -> str:
     scheme = urlsplit(url).scheme
     if scheme not in REDIS_SCHEMES:
         raise ReportError(
-            f"{url!r}: a telemetry target must be a redis://, rediss:// or unix:// URL"
+            f"{url!r}: a telemetry target must be a redis://, rediss://, unix:// "
+            "or redis+sentinel:// URL"
         )
     return url
 
@@ -103,7 +102,7 @@ def connect(url: str, *, timeout: float = 2.0) -> aioredis.Redis:
     """A client that fails fast: telemetry is dropped, never waited for."""
     check_url(url)
     try:
-        return aioredis.Redis.from_url(
+        return redisurl.client(
             url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
@@ -273,10 +272,12 @@ class _Writer:
         events = list(self.events)
         self.events.clear()
         pipe = self.redis.pipeline(transaction=False)
+        # Ignored below: redis-py types xadd's fields as an invariant dict of its
+        # own key and value unions, which a dict[str, str] is not.
         for sample in batch:
-            pipe.xadd(SAMPLES_KEY, self.sample_fields(sample), maxlen=SAMPLES_MAXLEN)
+            pipe.xadd(SAMPLES_KEY, self.sample_fields(sample), maxlen=SAMPLES_MAXLEN)  # type: ignore[arg-type]
         for event in events:
-            pipe.xadd(EVENTS_KEY, event, maxlen=EVENTS_MAXLEN)
+            pipe.xadd(EVENTS_KEY, event, maxlen=EVENTS_MAXLEN)  # type: ignore[arg-type]
         status = self.status(now) if status_due else None
         if status is not None:
             index, member, key, body = status
@@ -506,7 +507,7 @@ class PublisherReporter(_Writer):
             "started": self.started,
             "interval": self.interval,
             "stopped": self._stopped,
-            "healthy": bool(getattr(publisher, "_healthy", True)),
+            "healthy": bool(getattr(publisher, "healthy", True)),
             "transports": transports,
             "collections": {
                 cid: {"head": c.head, "capabilitylist": c.capability_list}

@@ -14,6 +14,8 @@ import functools
 import gc
 from typing import Any
 
+# Any (strict module): a ctypes foreign function, untyped by ctypes.
+
 GC_GEN0_THRESHOLD = 10_000
 
 __all__ = ["release_memory", "tune_gc"]

@@ -1,4 +1,14 @@
-"""Replace files atomically without allocating a new inode for every version.
+"""Replace files atomically without allocating a new inode for every version (opt-in).
+
+(~510 lines, one mechanism: the pool and the three Linux calls it rests on
+-- ``renameat2``, write leases, in-place fill -- whose rules only make sense
+read together.  Used by the mirror's ``--spare-inodes`` strategy
+(:mod:`rsnotify.subscriber.mirror.replace`) and the simulator's ``--dir``
+writer, so it lives beside both rather than inside either.)
+
+Off by default: it pays only on ext4 without a journal (below), and files
+it replaces inherit the pool directory's SELinux label, default ACL and
+setgid group instead of their own directory's.
 
 Why this exists: an atomic replace (write a temp file, rename it over the
 target) frees the target's old inode and allocates a new one each time.  On
@@ -53,13 +63,15 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from .errors import SpareUnusable
+
 __all__ = ["SparePool", "SpareUnusable", "exchange", "fill", "unshared"]
 
 log = logging.getLogger(__name__)
 
 AT_FDCWD = -100
 RENAME_EXCHANGE = 2
-SLOT_PREFIX = "%spare."  # never a name the mirror gives a resource (see mirror.py)
+SLOT_PREFIX = "%spare."  # never a name the mirror gives a resource (see subscriber.mirror.paths)
 DEFAULT_CAPACITY = 1024
 FILE_MODE = 0o644  # of new files, before the umask
 MIN_AGE = 1.0  # seconds a retired inode rests before it is rewritten
@@ -143,14 +155,6 @@ def fill(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
     if os.fstat(fd).st_size > len(data):
         os.ftruncate(fd, len(data))
-
-
-class SpareUnusable(OSError):
-    """This swap cannot be done here (another filesystem, project quota, no exchange).
-
-    Raised by :meth:`SparePool.install` with the slot handed back: the
-    caller writes a fresh temp file beside the target instead.
-    """
 
 
 _UNUSABLE = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})

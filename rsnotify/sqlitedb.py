@@ -1,9 +1,21 @@
 """One SQLite connection owned by one worker thread, for async callers.
 
-Every durable store in rsnotify that lives in a local file (subscriber
-cursors, resource states) uses this: WAL journal, ``synchronous=FULL`` so a
-committed transaction survives a power cut, and every call on a single
-thread so the event loop never waits on an fsync.
+Every durable store in rsnotify that lives in a local file uses this: the
+embedded notification log (:mod:`rsnotify.log.sqlite_log`), the subscriber's
+cursors (:mod:`rsnotify.subscriber.cursor`) and resource states
+(:mod:`rsnotify.subscriber.resources`), and the WebSub subscriptions
+(:mod:`rsnotify.transport.websubstore`).  The rules are the same for all of
+them, so they live here once:
+
+* WAL journal and ``synchronous=FULL``: a committed transaction survives
+  ``kill -9`` and a power cut;
+* ``busy_timeout`` of 5 s: another process holding the write lock briefly
+  (a second gateway on the same log) is waited for, not an error;
+* every call runs on one thread, the connection's owner, so the event loop
+  never waits on an fsync and the connection is never shared across threads;
+* an :class:`sqlite3.OperationalError` (locked, disk I/O error, disk full)
+  becomes :class:`StoreUnavailable`, which each store turns into its own
+  "unavailable" error; a closed worker raises it too.
 """
 
 from __future__ import annotations
@@ -15,30 +27,65 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import RsNotifyError
+from .errors import StoreUnavailable
+
+__all__ = ["SQLiteWorker", "StoreUnavailable"]
 
 T = TypeVar("T")
 
 
-class StoreUnavailable(RsNotifyError):
-    """The local database could not be used (disk full, I/O error, locked)."""
-
-
 class SQLiteWorker:
-    def __init__(self, path: str | Path, schema: str) -> None:
-        self.path = Path(path)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsnotify-db")
-        self.db: sqlite3.Connection = self._executor.submit(self._open, schema).result()
+    """The connection to the file at ``path`` and the one thread that uses it.
 
-    def _open(self, schema: str) -> sqlite3.Connection:
+    ``schema`` (idempotent SQL) runs when the file is opened, then ``migrate``
+    (if given) brings a file written by an older rsnotify up to date.  Opening
+    raises :class:`sqlite3.Error` as it comes (the caller knows what the file
+    is for); the worker thread is gone again when it does.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        schema: str,
+        *,
+        migrate: Callable[[sqlite3.Connection], None] | None = None,
+        thread_name: str = "rsnotify-db",
+    ) -> None:
+        self.path = Path(path)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+        self._closed = False
+        try:
+            self.db: sqlite3.Connection = self._executor.submit(
+                self._open, schema, migrate
+            ).result()
+        except BaseException:
+            self._executor.shutdown(wait=True)  # idle: the open has ended either way
+            raise
+
+    def _open(
+        self, schema: str, migrate: Callable[[sqlite3.Connection], None] | None
+    ) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA busy_timeout=5000")
-        db.executescript(schema)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=5000")
+            db.executescript(schema)
+            if migrate is not None:
+                migrate(db)
+        except BaseException:
+            db.close()
+            raise
         return db
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the worker thread; ``fn`` uses :attr:`db`."""
+        if self._closed:
+            raise StoreUnavailable(f"{self.path} is closed")
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor, fn, *args)
@@ -50,6 +97,14 @@ class SQLiteWorker:
         return self._executor.submit(fn, *args).result()
 
     async def close(self) -> None:
+        """Close the connection and end the thread; idempotent.
+
+        Calls already handed to :meth:`run` finish first (the thread runs them
+        in order); calls made afterwards raise :class:`StoreUnavailable`.
+        """
+        if self._closed:
+            return
+        self._closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self.db.close)
         self._executor.shutdown(wait=True)

@@ -113,7 +113,8 @@ class Known:
         return max(self._end - MAX_KNOWN, self._store.first)
 
     def __contains__(self, digest: object) -> bool:
-        position = self._store.index.get(digest)  # type: ignore[arg-type]
+        # `in` takes any object (object.__contains__); a non-bytes one is just absent.
+        position = self._store.index.get(digest)  # type: ignore[call-overload]
         return position is not None and self._start() <= position < self._end
 
     def __len__(self) -> int:
@@ -356,8 +357,9 @@ def coverage_hole(
     if not checkpoint.started or checkpoint.last_time is None:
         return None  # nothing consumed yet: everything listed is read
     lower = checkpoint.last_time
-    if seen_until and checkpoint.changelist in seen_until:
-        lower = max(lower, seen_until[checkpoint.changelist])
+    changelist = checkpoint.changelist
+    if seen_until and changelist is not None and changelist in seen_until:
+        lower = max(lower, seen_until[changelist])
     refs = lists_to_read(refs, checkpoint)
     if not refs:
         return None

@@ -19,7 +19,7 @@ Modified`` can never hide a change.  Two rules make it so:
   bytes after the last complete entry *of a changed list*, so it sends no
   ``If-Range`` (which would turn every append into a full read) and instead
   checks that the answer continues the bytes it holds
-  (:mod:`rsnotify.publisher.incremental`); it makes such a request only to a
+  (:mod:`rsnotify.changes.incremental`); it makes such a request only to a
   server that identifies representations with a strong entity tag, and reads
   the whole list from any other.
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from rsnotify.devstack import (
+from tests.devstack import (
     ManagedProcess,
     Mosquitto,
     NatsServer,

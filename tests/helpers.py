@@ -12,11 +12,11 @@ from typing import Any
 
 from aiohttp import web
 
-from rsnotify.demo import mirror_differences
-from rsnotify.devstack import ManagedProcess, wait_for
 from rsnotify.simulator.server import Simulator, SimulatorConfig
 from rsnotify.subscriber.resources import ApplyRecord, ResourceStore
 from rsnotify.subscriber.service import default_state_dir
+from tests.devstack import ManagedProcess, wait_for
+from tests.groundtruth import mirror_differences
 
 
 @asynccontextmanager

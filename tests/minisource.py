@@ -19,9 +19,9 @@ from aiohttp import web
 
 from rsnotify import sitemap, w3cdt
 from rsnotify.collection import collection_id
-from rsnotify.devstack import free_port
 from rsnotify.model import Capability, ChangeType, Entry, Root, make_document
 from rsnotify.subscriber.mirror import TEMP_PREFIX, path_for
+from tests.devstack import free_port
 
 
 def fixity(data: bytes) -> str:

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from resync import ChangeList as ResyncChangeList
 
-from rsnotify.devstack import ManagedProcess
 from rsnotify.subscriber.mirror import TEMP_PREFIX, path_for
+from tests.devstack import ManagedProcess
 
 RESYNC_BUILD = str(Path(sys.executable).with_name("resync-build"))
 

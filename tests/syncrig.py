@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from rsnotify.changes.access import HttpAccess
+from rsnotify.changes.watcher import CollectionWatcher
 from rsnotify.fetch import Fetcher
-from rsnotify.publisher.access import HttpAccess
-from rsnotify.publisher.watcher import CollectionWatcher
 from rsnotify.subscriber.applier import Applier
 from rsnotify.subscriber.baseline import baseline
 from rsnotify.subscriber.cursor import CursorStore

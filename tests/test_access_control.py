@@ -51,11 +51,11 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from rsnotify import envelope
-from rsnotify.demo import mirror_differences
-from rsnotify.devstack import ManagedProcess, Mosquitto, free_port, wait_for
 from rsnotify.model import ChangeType
 from rsnotify.subscriber.resources import ApplyRecord, ResourceStore
 from rsnotify.subscriber.service import default_state_dir
+from tests.devstack import ManagedProcess, Mosquitto, free_port, wait_for
+from tests.groundtruth import mirror_differences
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 PUBLISHER, SUBSCRIBER = "rsnotify-publisher", "rsnotify-subscriber"  # deploy/mosquitto.acl

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from rsnotify.devstack import async_wait_for
 from rsnotify.envelope import Notification
 from rsnotify.fetch import Fetcher
 from rsnotify.metrics import serving
@@ -25,6 +24,7 @@ from rsnotify.subscriber.applier import RECORD_BATCH, Applier, Hooks, InvalidCha
 from rsnotify.subscriber.baseline import baseline
 from rsnotify.subscriber.mirror import TEMP_PREFIX, Mirror
 from rsnotify.subscriber.resources import ResourceStore, ResourceStoreError
+from tests.devstack import async_wait_for
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
@@ -524,10 +524,41 @@ async def test_404_late_in_the_queue_is_not_retried_when_a_newer_change_waits(
     assert await stale is Outcome.SUPERSEDED
     assert await fresh is Outcome.APPLIED
     # No further retry of the superseded change: at most the one already in
-    # flight when the newer change arrived, then the newer change's fetch.
-    assert tried + 1 <= len(source.requests) <= tried + 2
+    # flight when the newer change arrived; the newer change applies from the
+    # bytes the stale one fetched (they are v2), so it needs no fetch of its own.
+    assert tried <= len(source.requests) <= tried + 1
     assert await env.outcomes("/v") == ["superseded", "applied"]
     assert Outcome.SUPERSEDED.done and not Outcome.HASH_MISMATCH.done
+
+
+async def test_a_body_fetched_ahead_applies_the_newer_change_without_a_second_fetch(
+    env: Env, source: Source
+) -> None:
+    """The overload freeze: the Source moves on faster than the Destination fetches.
+
+    The stale change's fetch returns the newer version's bytes; they fail its
+    check, are kept, and apply the newer change when it comes, with no second
+    request (which would return bytes newer still on a hot resource).
+    """
+    source.files["/v"] = b"v2"
+    applier = env.applier(retries=5, backoff_initial=0.5)
+    stale = applier.submit(env.note("/v", "created", at(1), body=b"v1"))
+    await async_wait_for(lambda: source.requests, timeout=10)
+    tried = len(source.requests)
+    source.files["/v"] = b"v3"  # the Source moved on again: a fetch now gets v3
+    fresh = applier.submit(env.note("/v", "updated", at(2), body=b"v2"))
+    assert await stale is Outcome.SUPERSEDED
+    # The newer change starts only once the stale one is done (one loc, in order).
+    after_stale = len(source.requests)
+    assert after_stale >= tried
+    assert await fresh is Outcome.APPLIED
+    assert len(source.requests) == after_stale  # v2 came from the bytes fetched for v1
+    assert env.path("/v").read_bytes() == b"v2"
+    # Kept bytes never stand in for another version: v3's change gets v3 (kept
+    # from a retry of the stale change, or fetched), never the kept v2.
+    assert await applier.apply(env.note("/v", "updated", at(3), body=b"v3")) is Outcome.APPLIED
+    assert env.path("/v").read_bytes() == b"v3"
+    await assert_never_backwards(env.store)
 
 
 # --- deletes, metadata only, hooks --------------------------------------------------

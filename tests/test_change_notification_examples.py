@@ -27,7 +27,6 @@ from aiohttp import web
 from lxml import etree
 
 from rsnotify import envelope, w3cdt
-from rsnotify.devstack import async_wait_for, free_port
 from rsnotify.discovery import CapabilityListInfo, websub_channels
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.simulator.source import Layout, Source
@@ -37,6 +36,7 @@ from rsnotify.transport import websubproto as proto
 from rsnotify.transport.websub import WebSubHub
 from rsnotify.transport.websubpush import HubPusher
 from rsnotify.transport.websubstore import MemoryStore
+from tests.devstack import async_wait_for, free_port
 from tests.helpers import serve
 
 SM = "http://www.sitemaps.org/schemas/sitemap/0.9"

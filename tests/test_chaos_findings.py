@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from rsnotify.devstack import async_wait_for
 from rsnotify.errors import RsNotifyError
 from rsnotify.fetch import Fetcher
 from rsnotify.metrics import serving
@@ -17,6 +16,7 @@ from rsnotify.subscriber.applier import Applier
 from rsnotify.subscriber.cursor import Checkpoint, CursorStore
 from rsnotify.subscriber.gaps import GapDetector
 from rsnotify.subscriber.sync import CollectionSync, _Pending
+from tests.devstack import async_wait_for
 
 from .test_applier import Env, Source
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rsnotify import cli
-from rsnotify.devstack import ManagedProcess, free_port
+from tests.devstack import ManagedProcess, free_port
 from tests.helpers import running_simulator
 
 SOURCE = "https://source.example.org/"
@@ -64,7 +64,7 @@ def test_operator_mistakes_are_refused_in_one_line_before_the_command_runs(
 ) -> None:
     for name in ("RSNOTIFY_CONFIG", "RSNOTIFY_SECRET", "RSNOTIFY_WS_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    module, _parser = cli.command_parser(command)
+    module = cli.command_module(command)
 
     def ran(args: object) -> int:
         raise AssertionError(f"rsnotify {command} accepted {argv} and ran")
@@ -90,7 +90,7 @@ def test_a_configuration_file_value_is_checked_by_the_same_rule(
     assert capsys.readouterr().err.splitlines()[1:] == [
         f"{path}:2: [publish] poll: must be a number > 0, got 0",
         f"{path}:3: [publish] redis: 'notaurl' is not a Redis URL "
-        "(the scheme must be redis://, rediss://, unix://)",
+        "(the scheme must be redis://, rediss://, unix://, redis+sentinel://)",
     ]
 
 

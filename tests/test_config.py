@@ -9,6 +9,9 @@ environment never leaks in.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
+import re
 import subprocess
 import sys
 import tomllib
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rsnotify import cli, config
+from rsnotify import cli, config, options
 from rsnotify.commands import config as config_command
 from rsnotify.log import Retention
 
@@ -159,14 +162,17 @@ def test_flags_from_file_and_environment(tmp_path: Path) -> None:
     assert parse("publish", [*argv, "--from-beginning"]).from_beginning is True
 
 
-def test_generic_action_kinds() -> None:
-    """Kinds the real parsers do not use yet: count, store_false, --x/--no-x, nargs."""
-    parser = argparse.ArgumentParser(prog="rsnotify demo")
-    parser.add_argument("-v", "--verbose", action="count", default=0)
-    parser.add_argument("--no-cache", dest="cache", action="store_false")
-    parser.add_argument("--color", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--pair", nargs=2, type=int)
-    parser.add_argument("names", nargs="+")
+DEMO = options.Options(
+    options.count("-v", "--verbose"),
+    options.flag("--no-cache", dest_name="cache", negative=True),
+    options.flag("--color", toggle=True, default=True),
+    options.repeated("--pair", nargs=2, type=int),
+    options.positional("names", nargs="+"),
+)
+
+
+def test_generic_option_kinds() -> None:
+    """Kinds the real commands do not use yet: count, store_false, --x/--no-x, nargs."""
     env = {
         "RSNOTIFY_DEMO_VERBOSE": "2",
         "RSNOTIFY_DEMO_NO_CACHE": "true",
@@ -174,17 +180,22 @@ def test_generic_action_kinds() -> None:
         "RSNOTIFY_DEMO_PAIR": "[1, 2]",
         "RSNOTIFY_DEMO_NAMES": '["a", "b"]',
     }
-    args = config.parse_args(parser, "demo", [], environ=env)
+
+    def demo(argv: list[str], env: dict[str, str]) -> argparse.Namespace:
+        parser = argparse.ArgumentParser(prog="rsnotify demo")
+        return config.parse_args(DEMO, parser, "demo", argv, environ=env)
+
+    args = demo([], env)
     assert (args.verbose, args.cache, args.color, args.pair) == (2, False, False, [1, 2])
     assert args.names == ["a", "b"]
-    settings = config.resolve("demo", parser, None, {"RSNOTIFY_DEMO_NO_CACHE": "yes"}, sections=[])
-    shown = config.show(parser, settings)
+    settings = config.resolve("demo", DEMO, None, {"RSNOTIFY_DEMO_NO_CACHE": "yes"}, sections=[])
+    shown = config.show(DEMO, settings, {})
     assert "no-cache = true  # RSNOTIFY_DEMO_NO_CACHE" in shown  # the flag, not its dest
     assert "color = true  # default" in shown and "verbose = 0  # default" in shown
     with pytest.raises(config.ConfigError, match="expected 2 values, got 1"):
-        config.parse_args(parser, "demo", ["x"], environ={"RSNOTIFY_DEMO_PAIR": "[1]"})
-    # The same parser again, configured differently: nothing of the first run sticks.
-    args = config.parse_args(parser, "demo", ["y"], environ={})
+        demo(["x"], {"RSNOTIFY_DEMO_PAIR": "[1]"})
+    # The same declaration again, configured differently: nothing of the first run sticks.
+    args = demo(["y"], {})
     assert (args.verbose, args.cache, args.color, args.pair, args.names) == (
         0,
         True,
@@ -192,8 +203,9 @@ def test_generic_action_kinds() -> None:
         None,
         ["y"],
     )
+    assert demo(["y", "-vv", "--no-color", "--pair", "3", "4"], env).pair == [3, 4]
     with pytest.raises(SystemExit):
-        config.parse_args(parser, "demo", [], environ={})  # NAMES is required again
+        demo([], {})  # NAMES is required again
 
 
 # --- positionals and required options ------------------------------------------------
@@ -222,18 +234,56 @@ def test_required_arguments_are_still_required_without_configuration(
 
 
 def test_every_option_of_every_subcommand_is_configurable() -> None:
-    for name, _, _ in cli.COMMANDS:
-        module, parser = cli.command_parser(name)
-        if not getattr(module, "CONFIG_LAYER", True):
+    """Every flag in a command's usage line has a config key (``--help`` aside)."""
+    declared = cli.configurable()
+    assert set(declared) == {n for n, _, _ in cli.COMMANDS} - {"config"}
+    for name, command_options in declared.items():
+        opts = config.options(command_options)
+        parser = argparse.ArgumentParser(prog=f"rsnotify {name}")
+        options.add_arguments(command_options, parser, environ={})
+        offered = set(re.findall(r"(?<![\w-])--([a-z][a-z0-9-]*)", parser.format_usage()))
+        offered.discard("help")
+        for opt in command_options:
+            offered.add(opt.key)
+            if opt.toggle:  # --x and --no-x: one key, ``x = true|false``
+                offered.discard(f"no-{opt.key}")
+            assert opts[opt.key] is opt, f"rsnotify {name}: {opt.key}"
+        assert offered <= set(opts), f"rsnotify {name}: {offered - set(opts)} not configurable"
+
+
+CONFIG_OBJECTS = [
+    ("publish", "rsnotify.publisher.service", "PublisherConfig"),
+    ("subscribe", "rsnotify.subscriber.service", "SubscriberConfig"),
+    ("dashboard", "rsnotify.dashboard.server", "DashboardConfig"),
+    ("simulate", "rsnotify.simulator.server", "SimulatorConfig"),
+]
+
+
+@pytest.mark.parametrize(("name", "module", "cls"), CONFIG_OBJECTS)
+def test_each_option_fills_a_field_of_the_config_object_with_the_same_default(
+    name: str, module: str, cls: str
+) -> None:
+    """The config classes keep defaults for code that builds them directly: the same ones."""
+    config_class = getattr(importlib.import_module(module), cls)
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    for opt in cli.command_module(name).OPTIONS:
+        if opt.field_name is None:
             continue
-        opts = config.options(parser)
-        for action in parser._actions:
-            if isinstance(action, argparse._HelpAction | argparse._VersionAction):
-                continue
-            longs = [s.lstrip("-") for s in action.option_strings if s.startswith("--")]
-            key = longs[0] if longs else action.dest
-            assert key in opts, f"rsnotify {name}: {key} is not configurable"
-            assert opts[key].action is action
+        assert opt.field_name in fields, f"rsnotify {name}: {opt.key} -> {opt.field_name}?"
+        spec = fields[opt.field_name]
+        if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+            continue  # a required field
+        default = spec.default if spec.default_factory is dataclasses.MISSING else None
+        if spec.default_factory is not dataclasses.MISSING:
+            default = spec.default_factory()
+        declared = opt.default
+        if isinstance(declared, str) and opt.type is not None:
+            declared = opt.type(declared)  # as argparse converts a string default
+        if opt.to_field is not None:
+            declared = opt.to_field(declared)
+        if isinstance(declared, list):
+            declared = tuple(declared)
+        assert declared == default, f"rsnotify {name}: {opt.key}: {declared!r} != {default!r}"
 
 
 # --- errors ------------------------------------------------------------------------
@@ -243,6 +293,38 @@ def test_unknown_key_suggests_the_real_one_with_its_line(tmp_path: Path) -> None
     path = write(tmp_path, '# comment\n[publish]\nmqtt = "mqtt://b:1883"\npol = 0.5\n')
     message = problems("publish", [BASE, "--config", str(path)])
     assert message == f"{path}:4: [publish] pol: unknown option; did you mean 'poll'?"
+
+
+def test_lines_come_from_the_toml_syntax_tree_not_from_the_look_of_a_line(
+    tmp_path: Path,
+) -> None:
+    """Quoted and dotted keys, multi-line values, and text that only looks like TOML."""
+    path = write(
+        tmp_path,
+        """[subscribe]
+on-change = '''
+[publish]
+collection = 1
+'''
+"concurrency" = 0
+allow-origin = [
+  "https://mirror.example/",
+  7,
+]
+  metrics-port = "x"
+""",
+    )
+    lines = problems("subscribe", [BASE, "--into", "m", "--config", str(path)]).splitlines()
+    assert lines == [
+        f"{path}:6: [subscribe] concurrency: must be >= 1, got 0",
+        f"{path}:7: [subscribe] allow-origin: item 2: expected a string, got a number (7) "
+        "(quote it)",
+        f"{path}:11: [subscribe] metrics-port: not an integer: 'x'",
+    ]
+    path = write(tmp_path, "publish.poll = 0\n", "dotted.toml")
+    assert problems("publish", [BASE, "--config", str(path)]) == (
+        f"{path}:1: [publish] poll: must be a number > 0, got 0"
+    )
 
 
 def test_wrong_type_bad_choice_and_type_function_errors(tmp_path: Path) -> None:

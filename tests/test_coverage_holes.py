@@ -21,10 +21,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from rsnotify import sitemap
-from rsnotify.devstack import ManagedProcess
 from rsnotify.model import Capability, ChangeType, Entry, Root, make_document
 from rsnotify.subscriber.mirror import path_for
 from rsnotify.tracker import Checkpoint, ListRef, coverage_hole
+from tests.devstack import ManagedProcess
 
 T = datetime(2026, 11, 1, tzinfo=UTC)
 

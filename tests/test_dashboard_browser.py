@@ -44,7 +44,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rsnotify.devstack import ManagedProcess, Mosquitto, Redis, free_port, wait_for
+from tests.devstack import ManagedProcess, Mosquitto, Redis, free_port, wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_FLAGS = [

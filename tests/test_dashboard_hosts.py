@@ -15,7 +15,7 @@ import pytest
 
 from rsnotify.dashboard.hosts import host_allowed, origin_allowed
 from rsnotify.dashboard.server import Dashboard, DashboardConfig
-from rsnotify.devstack import Redis
+from tests.devstack import Redis
 
 
 def test_host_names_other_than_the_configured_ones_are_refused() -> None:

@@ -17,15 +17,16 @@ subscriber's apply log.
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rsnotify.devstack import ManagedProcess, Mosquitto, free_port, wait_for
 from rsnotify.subscriber.pushhealth import PushHealth
 from rsnotify.subscriber.resources import ApplyRecord
+from tests.devstack import ManagedProcess, Mosquitto, free_port, wait_for
 from tests.helpers import freeze_and_converge, get_json, read_apply_log
 
 RunProcess = Callable[..., ManagedProcess]
@@ -96,12 +97,27 @@ def _simulate(run: RunProcess, *extra: str) -> str:
     return sim.wait_for_line(r"serving (\S+)", stream="stdout", timeout=30).group(1)
 
 
-def _subscribe(run: RunProcess, source: str, mirror: Path, via: str) -> ManagedProcess:
+def _subscribe(run: RunProcess, source: str, mirror: Path, via: str, *extra: str) -> ManagedProcess:
     return run(
         "subscribe", source, "--into", str(mirror), "--via", via,
         "--degraded-after", f"{AFTER:g}", "--degraded-poll", f"{POLL:g}",
-        "--heartbeat-timeout", "5", "--log-format", "json",
+        "--heartbeat-timeout", "5", "--log-format", "json", *extra,
     )  # fmt: skip
+
+
+def _gauges(port: int) -> dict[str, float]:
+    """``rsnotify_subscriber_live`` and ``_polling`` from the subscriber's /metrics."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}  # not serving yet
+    found = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in ("rsnotify_subscriber_live", "rsnotify_subscriber_polling"):
+            found[name] = float(line.rsplit(" ", 1)[1])
+    return found
 
 
 def test_push_unreachable_from_the_start_polls_and_stays_close(
@@ -110,11 +126,18 @@ def test_push_unreachable_from_the_start_polls_and_stays_close(
     source = _simulate(rsnotify_process, "--rate", "5", "--max-changes", "60")
     mirror = tmp_path / "mirror"
     closed = f"mqtt://127.0.0.1:{free_port()}"  # nothing listens there
-    subscriber = _subscribe(rsnotify_process, source, mirror, closed)
+    metrics = free_port()
+    subscriber = _subscribe(
+        rsnotify_process, source, mirror, closed, "--metrics-port", str(metrics)
+    )
+    # Polling is not live: the gauges say so while the mirror keeps up.
+    polling = {"rsnotify_subscriber_live": 0.0, "rsnotify_subscriber_polling": 1.0}
+    wait_for(lambda: _gauges(metrics) == polling, timeout=30, message="gauges never said polling")
     freeze_and_converge(source, mirror, finish_timeout=60, converge_timeout=POLL + SLACK + 5)
     records = asyncio.run(read_apply_log(mirror))
     assert _worst_lag(records) <= POLL + AFTER + SLACK
     assert _applied_twice(records) == []
+    assert _gauges(metrics) == polling  # still: its catch-ups did not make it "live"
     said = subscriber.output("both")
     assert "polling the Change Lists every 2s" in said, subscriber.tail()
     assert subscriber.running

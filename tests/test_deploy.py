@@ -38,11 +38,11 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from rsnotify import cli
 from rsnotify.commands import config as config_command
-from rsnotify.devstack import Mosquitto, Redis, mqtt_connack, wait_for
 from rsnotify.log import LogUnavailable
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.metrics import PublisherMetrics
 from rsnotify.subscriber.telemetry import SubscriberMetrics
+from tests.devstack import Mosquitto, Redis, mqtt_connack, wait_for
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNITS = DEPLOY / "systemd"

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from rsnotify.devstack import free_port
 from rsnotify.discovery import (
     DiscoveryMachine,
     Role,
@@ -24,6 +23,7 @@ from rsnotify.discovery import (
 from rsnotify.errors import DiscoveryError, DocumentError
 from rsnotify.fetch import Fetcher
 from rsnotify.metrics import serving
+from tests.devstack import free_port
 
 NS = (
     'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from rsnotify.devstack import async_wait_for, free_port
 from rsnotify.errors import DocumentTooLarge, FetchError
 from rsnotify.fetch import (
     Fetcher,
@@ -21,6 +20,7 @@ from rsnotify.fetch import (
     parse_link_header,
 )
 from rsnotify.metrics import serving
+from tests.devstack import async_wait_for, free_port
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes
 ETAG = '"v1"'

@@ -15,8 +15,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from rsnotify import sitemap, w3cdt
 from rsnotify.collection import collection_id
-from rsnotify.devstack import ManagedProcess, Mosquitto, Redis, wait_for
 from rsnotify.transport.topics import Topics
+from tests.devstack import ManagedProcess, Mosquitto, Redis, wait_for
 
 CHANGES = 5000
 KILLS = 5

@@ -24,12 +24,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rsnotify import httppolicy
+from rsnotify.changes.access import HttpAccess
+from rsnotify.changes.incremental import EntryCounter
 from rsnotify.errors import TooManyEntries
 from rsnotify.fetch import DeadlineExceeded, Fetcher, UnwantedEncoding
 from rsnotify.httppolicy import HttpPolicy, OriginGate, parse_header, parse_retry_after
 from rsnotify.metrics import serving
-from rsnotify.publisher.access import HttpAccess
-from rsnotify.publisher.incremental import EntryCounter
 from rsnotify.validators import is_strong_etag, strong_last_modified
 
 TOKEN = "Bearer s3cret-token"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from rsnotify import sitemap
+from rsnotify.changes.incremental import OVERLAP, fragment, scan
 from rsnotify.model import ChangeType, Entry, Link, Root, make_document
-from rsnotify.publisher.incremental import OVERLAP, fragment, scan
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from rsnotify.devstack import Redis, async_wait_for
 from rsnotify.log import Fenced
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.publisher.leader import LeaderElection, Leadership
+from tests.devstack import Redis, async_wait_for
 
 C = "example.org-c1-capabilitylist-00000000"
 

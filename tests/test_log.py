@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rsnotify.devstack import Redis
 from rsnotify.log import Fenced, LogConflict, LogUnavailable, NotificationLog, Retention
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.log.tail_cache import TailCache
+from tests.devstack import Redis
 
 C = "example.com-c1-capabilitylist-0badc0de"
 

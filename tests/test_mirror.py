@@ -34,6 +34,7 @@ from rsnotify.subscriber.mirror import (
     loc_for,
     path_for,
 )
+from tests.spares import require_spares, spare_mirror
 
 ROOT = Path("/srv/mirror")
 REPO = Path(__file__).resolve().parent.parent
@@ -558,6 +559,7 @@ def new_mirror(
     def make(root: Path) -> Mirror:
         if request.param == "new temp files":
             return Mirror(root)
+        require_spares(tmp_path)
         mirror = Mirror(root, spare_dir=tmp_path.parent / f"{tmp_path.name}-spare")
         assert mirror.spares is not None and mirror.spares.enabled
         return mirror
@@ -666,10 +668,10 @@ class _CountingCondition(threading.Condition):
 def _parked_syncer(
     monkeypatch: pytest.MonkeyPatch, fail: set[int]
 ) -> tuple[object, threading.Event, list[tuple[int, float, float]]]:
-    """A _DirSyncer whose fsync #1 blocks until released and #n in ``fail`` raises."""
-    from rsnotify.subscriber import mirror as module
+    """A DirSyncer whose fsync #1 blocks until released and #n in ``fail`` raises."""
+    from rsnotify.subscriber.mirror import durability as module
 
-    syncer = module._DirSyncer()
+    syncer = module.DirSyncer()
     syncer._cond = _CountingCondition()  # type: ignore[assignment]
     release = threading.Event()
     fsyncs: list[tuple[int, float, float]] = []  # (number, started, finished), monotonic
@@ -697,7 +699,7 @@ def test_directory_fsyncs_are_group_committed(
 ) -> None:
     """Callers arriving while an fsync runs share the next one, which starts after them."""
 
-    from rsnotify.devstack import wait_for
+    from tests.devstack import wait_for
 
     syncer, release, fsyncs = _parked_syncer(monkeypatch, fail=set())
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
@@ -732,7 +734,7 @@ def test_directory_fsyncs_are_group_committed(
 def test_a_failed_shared_directory_fsync_fails_every_caller_it_covered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rsnotify.devstack import wait_for
+    from tests.devstack import wait_for
 
     syncer, release, fsyncs = _parked_syncer(monkeypatch, fail={2})
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
@@ -795,7 +797,7 @@ async def test_a_batched_write_returns_only_once_durable(
     The caller (the applier) records a change as applied only after write_bytes
     returns, so this order is what makes a batched apply crash-safe.
     """
-    from rsnotify.subscriber import mirror as module
+    from rsnotify.subscriber.mirror import commit as module
 
     trace: list[tuple[str, object]] = []
     lock = threading.Lock()
@@ -877,8 +879,7 @@ async def test_a_directory_refusing_swaps_is_written_the_plain_way(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """EXDEV from the swap (project quota, bind mount): the write still lands, plainly."""
-    monkeypatch.setattr(spare_module, "MIN_AGE", 0.0)
-    mirror = Mirror(tmp_path / "m", spare_dir=tmp_path / "spare")
+    mirror = spare_mirror(tmp_path, monkeypatch)
     path = mirror.path_for("http://s/q/a")
     await mirror.write_bytes(path, b"v1")
     refused: list[str] = []
@@ -933,3 +934,18 @@ async def test_writes_of_one_path_keep_their_order_across_batches(
     assert path.read_bytes() == b"last"
     assert True in results  # the delete found v11 there
     assert temp_files(mirror.root) == []
+
+
+async def test_close_stops_the_mirrors_own_threads(tmp_path: Path) -> None:
+    """The worker threads belong to the mirror (no module-global pools) and end with close()."""
+    mirror = Mirror(tmp_path)
+    await mirror.write_bytes(mirror.path_for("http://s/small"), b"batched")
+    await mirror.write_atomic(mirror.path_for("http://s/big"), chunks_of([b"streamed"]))
+    pools = [mirror.durability._batches, mirror.durability._streams]
+    threads = [t for pool in pools if pool is not None for t in pool._threads]
+    assert len(threads) >= 2
+    await mirror.settle()
+    mirror.close()
+    assert not any(thread.is_alive() for thread in threads)
+    with pytest.raises(RuntimeError, match="closed"):
+        await mirror.write_bytes(mirror.path_for("http://s/late"), b"too late")

@@ -33,13 +33,13 @@ import pytest
 from rsnotify import envelope, outbound
 from rsnotify.collection import collection_id
 from rsnotify.dashboard.collector import MqttHeads
-from rsnotify.devstack import Mosquitto, NatsServer, async_wait_for, free_port
 from rsnotify.log import NotificationLog
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.subscriber import events as ev
 from rsnotify.subscriber.channels import MqttChannel
 from rsnotify.transport.mqtt import MqttPusher
 from rsnotify.transport.mqttlink import BrokerLink
+from tests.devstack import Mosquitto, NatsServer, async_wait_for, free_port
 from tests.test_transport_mqtt import append
 
 C1 = collection_id("https://source.example.org/c1/capabilitylist.xml")
@@ -101,7 +101,7 @@ class Client:
         elif self.kind == "subscriber":
             self.channel.start()
         else:
-            self.reader.start(asyncio.get_running_loop())
+            self.reader.start()
 
     async def stop(self) -> None:
         if self.kind == "publisher":

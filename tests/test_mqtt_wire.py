@@ -26,7 +26,6 @@ from lxml import etree
 
 from rsnotify import envelope
 from rsnotify.collection import collection_id, is_valid_collection_id
-from rsnotify.devstack import rsnotify_command
 from rsnotify.transport import mqttproblems, mqttsig
 from rsnotify.transport.mqtturl import parse_broker_url
 from rsnotify.transport.topics import (
@@ -37,6 +36,7 @@ from rsnotify.transport.topics import (
     prefix_of,
     topic_level,
 )
+from tests.devstack import rsnotify_command
 
 BROKER_SAFE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

@@ -29,8 +29,8 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from rsnotify import envelope
-from rsnotify.devstack import ManagedProcess, NatsServer, wait_for
 from rsnotify.transport import mqttsig
+from tests.devstack import ManagedProcess, NatsServer, wait_for
 from tests.helpers import freeze_and_converge, get_json, messages, post_json
 
 RunRsnotify = Callable[..., ManagedProcess]

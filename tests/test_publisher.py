@@ -13,14 +13,14 @@ import aiohttp
 import pytest
 
 from rsnotify import sitemap, w3cdt
-from rsnotify.devstack import Redis, async_wait_for
 from rsnotify.log import NotificationLog
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.log.tail_cache import TailCache
-from rsnotify.publisher import service
+from rsnotify.publisher import detection
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from rsnotify.transport.topics import topic_level
+from tests.devstack import Redis, async_wait_for
 from tests.helpers import running_simulator
 
 
@@ -79,14 +79,14 @@ async def only_collection(pub: Publisher) -> str:
 
 
 # 7: detection passes end mid-list and mid-burst, and resume across rollovers.
-CHUNKS = pytest.mark.parametrize("chunk", [service.DETECT_CHUNK, 7])
+CHUNKS = pytest.mark.parametrize("chunk", [detection.DETECT_CHUNK, 7])
 
 
 @CHUNKS
 async def test_every_entry_is_logged_once_in_change_list_order_across_rollovers(
     tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service, "DETECT_CHUNK", chunk)
+    monkeypatch.setattr(detection, "DETECT_CHUNK", chunk)
     async with (
         simulator(changelist_size=40, paused=True) as (sim, base),
         aiohttp.ClientSession() as http,
@@ -126,7 +126,7 @@ async def _head_is(log: NotificationLog, cid: str, n: int) -> bool:
 async def test_a_restarted_publisher_resumes_without_duplicates_or_loss(
     tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service, "DETECT_CHUNK", chunk)
+    monkeypatch.setattr(detection, "DETECT_CHUNK", chunk)
     async with (
         simulator(changelist_size=30, paused=True) as (_sim, base),
         aiohttp.ClientSession() as http,
@@ -210,9 +210,9 @@ async def test_hub_links_are_written_into_a_directory_sources_capability_list(
     tmp_path: Path,
 ) -> None:
     from rsnotify import sitemap
-    from rsnotify.devstack import free_port
     from rsnotify.discovery import push_channels
     from rsnotify.model import CapabilityList
+    from tests.devstack import free_port
 
     site = tmp_path / "site"
     port = free_port()
@@ -258,7 +258,7 @@ async def test_a_publisher_whose_mqtt_push_runs_elsewhere_still_advertises_the_b
         href = f"mqtt://broker.example.org:1883/rs/{topic_level(cid)}/changes"
         assert "." not in href.split("1883/", 1)[1]
         assert pub.hub_links(cid) == [href]
-        assert pub._mqtt is None  # advertised, not pushed
+        assert "mqtt" not in pub.transports()  # advertised, not pushed
         pub.write_hub_links()
         document = sitemap.parse(site / "c1" / "capabilitylist.xml")
         assert isinstance(document, CapabilityList)

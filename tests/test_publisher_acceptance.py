@@ -60,10 +60,10 @@ from paho.mqtt.properties import Properties
 from websockets.sync.client import connect as ws_connect
 
 from rsnotify import sitemap, w3cdt
-from rsnotify.devstack import ManagedProcess, Mosquitto, Redis, wait_for
 from rsnotify.envelope import SIGNATURE_PROPERTY
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.model import Capability, CapabilityList, ChangeListIndex, Entry
+from tests.devstack import ManagedProcess, Mosquitto, Redis, wait_for
 
 PREFIX = "resourcesync"
 SECRET = b"acceptance-secret"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from rsnotify.devstack import Redis
 from rsnotify.log.redis_log import MAX_CONNECTIONS, RedisLog
+from tests.devstack import Redis
 
 
 async def test_a_burst_of_readers_waits_for_connections(redis_server: Redis) -> None:

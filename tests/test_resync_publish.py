@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from rsnotify.devstack import ManagedProcess, wait_for
+from tests.devstack import ManagedProcess, wait_for
 
 from .resync_source import Listed, served_source
 

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rsnotify.devstack import ManagedProcess, Mosquitto, wait_for
 from rsnotify.subscriber.mirror import loc_for
+from tests.devstack import ManagedProcess, Mosquitto, wait_for
 from tests.helpers import newer_never_overwritten, read_apply_log
 
 from .resync_source import ResyncSource, differences, served_source

@@ -37,9 +37,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rsnotify import sitemap, w3cdt
-from rsnotify.devstack import ManagedProcess
 from rsnotify.model import ChangeType
 from rsnotify.subscriber.mirror import path_for
+from tests.devstack import ManagedProcess
 
 from .resync_source import ResyncSource, differences, served_source
 

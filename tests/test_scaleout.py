@@ -14,13 +14,13 @@ import websockets
 from paho.mqtt.enums import CallbackAPIVersion
 
 from rsnotify import envelope, w3cdt
-from rsnotify.devstack import Mosquitto, Redis, async_wait_for, free_port
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from rsnotify.transport import wsproto
 from rsnotify.transport.mqtt import CURSOR_NAME, MqttPusher
 from rsnotify.transport.topics import Topics
+from tests.devstack import Mosquitto, Redis, async_wait_for, free_port
 
 C = "example.org-c1-capabilitylist-5ca1e000"
 N = 2000
@@ -172,9 +172,9 @@ async def test_an_mqtt_only_gateway_pushes_every_collection_of_the_shared_log_in
     it runs arrive once, in order; a collection registered later is found by
     the gateway's refresh of the collection list.
     """
-    from rsnotify.publisher import service
+    from rsnotify.publisher import transports
 
-    monkeypatch.setattr(service, "COLLECTION_REFRESH", 0.2)
+    monkeypatch.setattr(transports, "COLLECTION_REFRESH", 0.2)
     broker = mosquitto_factory(max_queued_messages=100_000)
     collector = Collector(broker, "resourcesync/+/changes")
     log = RedisLog(redis_server.url)
@@ -266,7 +266,7 @@ async def test_mqtt_only_gateways_elect_a_leader_of_their_own_beside_the_detecti
                     f"leaders: detecting {detecting.is_leader}, gateway {gateway.is_leader}"
                 ),
             )
-            assert gateway._mqtt is not None and detecting._mqtt is None
+            assert "mqtt" in gateway.transports() and "mqtt" not in detecting.transports()
         finally:
             await gateway.stop()
             await detecting.stop()

@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import rsnotify
-from rsnotify.devstack import (
+from tests.devstack import (
     ManagedProcess,
     Mosquitto,
     Redis,

@@ -23,14 +23,15 @@ import pytest
 from multidict import CIMultiDict
 
 from rsnotify import sitemap, w3cdt
-from rsnotify.devstack import async_wait_for, free_port
 from rsnotify.discovery import CHANNEL_REL
 from rsnotify.model import ChangeType, Document
 from rsnotify.simulator import payload
-from rsnotify.simulator.diskwriter import MARKER
+from rsnotify.simulator.diskwriter import MARKER, SPARE_DIR
 from rsnotify.simulator.server import Simulator, SimulatorConfig
 from rsnotify.simulator.site import Representation, Site
 from rsnotify.simulator.source import Layout, SimulatorError, Source, Weights
+from tests.devstack import async_wait_for, free_port
+from tests.spares import require_spares
 
 T0 = datetime(2024, 1, 1, 12, 0, 0, tzinfo=UTC)
 LAYOUT = Layout("http://example.org/")
@@ -592,6 +593,25 @@ async def test_dir_copy_served_statically_equals_the_live_server(
         for url in deleted[:20]:
             live, copy = await both(url)
             assert live[0] == copy[0] == 404, url
+
+
+@pytest.mark.parametrize("spare_inodes", [False, True], ids=["renames", "spare-inodes"])
+async def test_dir_copy_reuses_retired_inodes_only_when_asked(
+    tmp_path: Path, spare_inodes: bool
+) -> None:
+    """--spare-inodes is opt-in; either way the copy holds the live server's bytes."""
+    if spare_inodes:
+        require_spares(tmp_path)
+    out = tmp_path / "out"
+    async with running(dir=out, resources=5, spare_inodes=spare_inodes) as (sim, session):
+        await post(session, f"{sim.url}_simulator/advance?n=40")  # returns once written
+        state = await get_json(session, f"{sim.url}_simulator/state")
+        (truth,) = state["collections"].values()
+        for loc in truth["resources"]:
+            live = await body(session, loc)
+            assert (out / loc[len(sim.url) :]).read_bytes() == live, loc
+    spare = out / SPARE_DIR
+    assert (spare.is_dir() and any(spare.iterdir())) is spare_inodes
 
 
 async def test_dir_refuses_a_foreign_directory_and_reuses_its_own(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from rsnotify import sitemap, w3cdt
-from rsnotify.devstack import ManagedProcess, free_port, wait_for
+from tests.devstack import ManagedProcess, free_port, wait_for
 
 RESYNC_SYNC = str(Path(sys.executable).with_name("resync-sync"))
 SERVING = re.compile(r"^rsnotify simulate: serving (http://127\.0\.0\.1:\d+/)$")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from rsnotify.devstack import ManagedProcess, free_port
+from tests.devstack import ManagedProcess, free_port
 
 NS = (
     'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '

@@ -1,4 +1,8 @@
-"""Spare inodes: replaces swap a retired inode in, never rewriting one anybody can still see."""
+"""Spare inodes (opt-in): replaces swap a retired inode in, never rewriting one anybody can see.
+
+The pool's tests skip, saying why, where the system cannot swap (no file
+leases, no ``renameat2``): ``--spare-inodes`` then falls back to renames.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,12 @@ from pathlib import Path
 import pytest
 
 from rsnotify import spare as spare_module
+from rsnotify.simulator.server import SimulatorConfig
 from rsnotify.spare import MAX_SPARE_BYTES, SLOT_PREFIX, SparePool, fill
+from rsnotify.subscriber.mirror import Mirror
+from rsnotify.subscriber.mirror.replace import RenameReplace, SpareSwapReplace
+from rsnotify.subscriber.service import SubscriberConfig
+from tests.spares import spare_mirror, usable_pool
 
 
 def filled(pool: SparePool, body: bytes) -> str:
@@ -33,10 +42,7 @@ def replace(pool: SparePool, target: Path, body: bytes) -> None:
 def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SparePool:
     """A pool that reuses a spare at once (MIN_AGE 0), so reuse shows in few steps."""
     monkeypatch.setattr(spare_module, "MIN_AGE", 0.0)
-    (tmp_path / "root").mkdir()
-    spares = SparePool(tmp_path / "spare", tmp_path / "root")
-    assert spares.enabled, spares.reason
-    return spares
+    return usable_pool(tmp_path / "spare", tmp_path / "root")
 
 
 def test_replaces_alternate_between_two_inodes(pool: SparePool, tmp_path: Path) -> None:
@@ -141,8 +147,7 @@ def test_retire_moves_a_deleted_file_into_the_pool(pool: SparePool, tmp_path: Pa
 
 
 def test_slots_are_bounded_and_adopted_after_a_restart(tmp_path: Path) -> None:
-    (tmp_path / "root").mkdir()
-    pool = SparePool(tmp_path / "spare", tmp_path / "root", capacity=2)
+    pool = usable_pool(tmp_path / "spare", tmp_path / "root", capacity=2)
     held = [pool.open(), pool.open()]
     assert all(held) and pool.open() is None  # every slot is in use: make a temp file
     for taken in held:
@@ -186,8 +191,7 @@ def test_a_reader_of_a_deleted_file_keeps_its_bytes(pool: SparePool, tmp_path: P
 def test_a_spare_rests_before_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Oldest first and only after MIN_AGE: an open() racing the swap has long finished."""
     monkeypatch.setattr(spare_module, "MIN_AGE", 3600.0)
-    (tmp_path / "root").mkdir()
-    pool = SparePool(tmp_path / "spare", tmp_path / "root")
+    pool = usable_pool(tmp_path / "spare", tmp_path / "root")
     target = tmp_path / "root" / "a"
     target.write_bytes(b"v0")
     oldest_inode = target.stat().st_ino  # the first one retired (file mtimes can tie)
@@ -247,3 +251,66 @@ def test_no_swap_possible_hands_the_slot_back(
     monkeypatch.setattr(spare_module, "MIN_AGE", 0.0)
     replace(pool, target, b"v2")  # the slot came back and is reused
     assert target.read_bytes() == b"v2" and pool.reused == 1
+
+
+# --- the opt-in: --spare-inodes ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [("subscribe", ["http://source.example/", "--into", "m"]), ("simulate", [])],
+)
+def test_spare_inodes_are_opt_in(command: str, argv: list[str]) -> None:
+    """Off by default (they pay only on ext4 without a journal); --spare-inodes turns them on."""
+    from rsnotify import cli
+
+    assert cli.parse_command(command, argv, environ={})[1].spare_inodes is False
+    on = cli.parse_command(command, [*argv, "--spare-inodes"], environ={})[1]
+    assert on.spare_inodes is True
+    assert SubscriberConfig(source="http://s/", into="m").spare_inodes is False
+    assert SimulatorConfig().spare_inodes is False
+
+
+async def inodes_of_versions(mirror: Mirror, path: Path, versions: int) -> list[int]:
+    """Write ``versions`` bodies to ``path`` one after another: the inode of each."""
+    inodes = []
+    for i in range(versions):
+        await mirror.write_bytes(path, f"v{i}".encode())
+        assert path.read_bytes() == f"v{i}".encode()
+        inodes.append(path.stat().st_ino)
+    return inodes
+
+
+async def test_a_mirror_replaces_by_rename_by_default(tmp_path: Path) -> None:
+    mirror = Mirror(tmp_path / "m")
+    try:
+        assert isinstance(mirror.replace_strategy, RenameReplace) and mirror.spares is None
+        path = mirror.path_for("http://s/a")
+        inodes = await inodes_of_versions(mirror, path, 3)
+        assert inodes[0] != inodes[1] != inodes[2]  # a new file each time
+        assert await mirror.delete(path) and not path.exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no spare directory
+    finally:
+        mirror.close()
+
+
+async def test_a_mirror_given_a_spare_directory_swaps_inodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mirror = spare_mirror(tmp_path, monkeypatch)
+    try:
+        assert isinstance(mirror.replace_strategy, SpareSwapReplace) and mirror.spares
+        path = mirror.path_for("http://s/a")
+        inodes = await inodes_of_versions(mirror, path, 3)
+        assert inodes[0] == inodes[2] != inodes[1]  # two inodes, swapped back and forth
+    finally:
+        mirror.close()
+
+
+def test_a_spare_directory_that_cannot_swap_falls_back_to_renames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spare_module, "_RENAMEAT2", None)  # not Linux, old glibc
+    mirror = Mirror(tmp_path / "m", spare_dir=tmp_path / "spare")
+    assert isinstance(mirror.replace_strategy, RenameReplace) and mirror.spares is None
+    mirror.close()

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from rsnotify.devstack import ManagedProcess, wait_for
-from rsnotify.devstatic import HttpServer, Nginx
+from tests.devstack import HttpServer, ManagedProcess, Nginx, wait_for
 
 NS = (
     'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '

@@ -15,13 +15,14 @@ import pytest
 
 from rsnotify import w3cdt
 from rsnotify.commands.audit import audit
-from rsnotify.devstack import Mosquitto, Redis, async_wait_for, free_port
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from rsnotify.subscriber.cursor import AlreadyRunning
 from rsnotify.subscriber.mirror import TEMP_PREFIX, path_for
 from rsnotify.subscriber.resources import ResourceStore
 from rsnotify.subscriber.service import Subscriber, SubscriberConfig, default_state_dir
+from tests.devstack import Mosquitto, Redis, async_wait_for, free_port
 from tests.helpers import running_simulator
+from tests.spares import require_spares
 
 
 def simulator(**options: Any) -> Any:
@@ -89,6 +90,8 @@ async def converged(http: aiohttp.ClientSession, base: str, *mirrors: Path) -> b
 async def test_once_baselines_then_catches_up_from_the_change_list_index(
     tmp_path: Path, spare_inodes: bool
 ) -> None:
+    if spare_inodes:  # --spare-inodes (opt-in); the default replaces by rename
+        require_spares(tmp_path)
     mirror = tmp_path / "mirror"
     async with (
         simulator(changelist_size=25, paused=True) as (_sim, base),

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from rsnotify.devstack import async_wait_for
 from rsnotify.subscriber import events as ev
+from tests.devstack import async_wait_for
 from tests.minisource import Source, differences, of_entry
 from tests.syncrig import running_engine
 

@@ -31,7 +31,6 @@ from paho.mqtt.properties import Properties
 
 from rsnotify import envelope, outbound, w3cdt
 from rsnotify.collection import collection_id
-from rsnotify.devstack import HOST, Mosquitto, NatsServer, Redis, async_wait_for
 from rsnotify.envelope import SIGNATURE_PROPERTY, Notification, SignatureError
 from rsnotify.log import LogRecord, NotificationLog, Retention
 from rsnotify.log.redis_log import RedisLog
@@ -41,6 +40,7 @@ from rsnotify.transport import InvalidBrokerURL, TransportError, mqttsig
 from rsnotify.transport.mqtt import CURSOR_NAME, MqttPusher
 from rsnotify.transport.mqtturl import parse_broker_url
 from rsnotify.transport.topics import Topics
+from tests.devstack import HOST, Mosquitto, NatsServer, Redis, async_wait_for
 
 C1 = collection_id("https://example.org/c1/capabilitylist.xml")
 C2 = collection_id("https://example.org/c2/capabilitylist.xml")
@@ -964,17 +964,21 @@ async def test_bad_pusher_options_are_clear_errors(sqlite_log: NotificationLog) 
         pusher.acked(C1)
 
 
-class _MqttCounter:
-    """A TCP relay that reads MQTT packet framing both ways and tracks QoS 1
-    PUBLISHes awaiting their PUBACK: the wire-level check of Receive Maximum."""
+class PacketRelay:
+    """A TCP relay to a broker that reads MQTT packet framing both ways.
+
+    Subclasses look at (and may rewrite) each packet body in
+    :meth:`from_client` and :meth:`from_broker`; the length must not change.
+    """
 
     def __init__(self, upstream: Mosquitto) -> None:
         self.upstream = upstream
-        self.outstanding: set[int] = set()
-        self.most = 0
-        self.publishes = 0
         self.server: asyncio.Server | None = None
         self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://{HOST}:{self.port}"
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._client, HOST, 0)
@@ -985,39 +989,64 @@ class _MqttCounter:
         self.server.close()
         await self.server.wait_closed()
 
+    async def __aenter__(self) -> PacketRelay:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    def from_client(self, header: bytes, body: bytes) -> bytes:
+        return body
+
+    def from_broker(self, header: bytes, body: bytes) -> bytes:
+        return body
+
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection(self.upstream.host, self.upstream.port)
         await asyncio.gather(
-            self._pump(reader, up_writer, self._from_client),
-            self._pump(up_reader, writer, self._from_broker),
+            self._pump(reader, up_writer, self.from_client),
+            self._pump(up_reader, writer, self.from_broker),
             return_exceptions=True,
         )
         for w in (writer, up_writer):
             w.close()
 
+    @staticmethod
     async def _pump(
-        self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        seen: Callable[[int, bytes], None],
+        edit: Callable[[bytes, bytes], bytes],
     ) -> None:
         while True:
             header, body = await read_packet(reader)
-            seen(header[0], body)
-            writer.write(header + body)
+            writer.write(header + edit(header, body))
             await writer.drain()
 
-    def _from_client(self, first: int, body: bytes) -> None:
+
+class _MqttCounter(PacketRelay):
+    """Tracks QoS 1 PUBLISHes awaiting their PUBACK: the wire-level check of Receive Maximum."""
+
+    def __init__(self, upstream: Mosquitto) -> None:
+        super().__init__(upstream)
+        self.outstanding: set[int] = set()
+        self.most = 0
+        self.publishes = 0
+
+    def from_client(self, header: bytes, body: bytes) -> bytes:
+        first = header[0]
         if first >> 4 == 3 and (first >> 1) & 3 == 1:  # PUBLISH, QoS 1
             topic_len = int.from_bytes(body[:2], "big")
             mid = int.from_bytes(body[2 + topic_len : 4 + topic_len], "big")
             self.outstanding.add(mid)
             self.publishes += 1
             self.most = max(self.most, len(self.outstanding))
+        return body
 
-    def _from_broker(self, first: int, body: bytes) -> None:
-        if first >> 4 == 4:  # PUBACK
+    def from_broker(self, header: bytes, body: bytes) -> bytes:
+        if header[0] >> 4 == 4:  # PUBACK
             self.outstanding.discard(int.from_bytes(body[:2], "big"))
+        return body
 
 
 async def test_no_more_publishes_await_a_puback_than_the_brokers_receive_maximum(
@@ -1037,7 +1066,7 @@ async def test_no_more_publishes_await_a_puback_than_the_brokers_receive_maximum
         subscriber = subscribers(mosquitto, [f"{PREFIX}/+/changes"])
         await subscriber.subscribed()
         await append(sqlite_log, C1, 600)
-        pusher = MqttPusher(f"mqtt://{HOST}:{relay.port}", sqlite_log, topic_prefix=PREFIX, **FAST)
+        pusher = MqttPusher(relay.url, sqlite_log, topic_prefix=PREFIX, **FAST)
         assert pusher.window > 4
         pusher.add_collection(C1)
         async with running(pusher):
@@ -1055,7 +1084,7 @@ async def test_no_more_publishes_await_a_puback_than_the_brokers_receive_maximum
 
 
 def test_properties_packed_once_are_the_bytes_paho_would_pack() -> None:
-    from rsnotify.transport.mqtt import PackedOnce
+    from rsnotify.transport.mqttmessage import PackedOnce
 
     def build(kind: type[Properties]) -> Properties:
         props = kind(PacketTypes.PUBLISH)

@@ -22,7 +22,6 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rsnotify import envelope, outbound
 from rsnotify.collection import collection_id
-from rsnotify.devstack import Redis, async_wait_for
 from rsnotify.envelope import InvalidNotification
 from rsnotify.log import NotificationLog, Retention
 from rsnotify.log.redis_log import RedisLog
@@ -32,6 +31,7 @@ from rsnotify.outbound import Signer
 from rsnotify.transport import wsproto
 from rsnotify.transport.ws import WebSocketGateway
 from rsnotify.transport.wsproto import InvalidSubscription, SendCursor
+from tests.devstack import Redis, async_wait_for
 
 CAP1 = "http://example.com/c1/capabilitylist.xml"
 CAP2 = "http://example.org/c2/capabilitylist.xml"

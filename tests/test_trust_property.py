@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rsnotify import w3cdt
-from rsnotify.devstack import async_wait_for
 from rsnotify.envelope import sign
 from rsnotify.subscriber import events as ev
 from rsnotify.subscriber.sync import CollectionSync
+from tests.devstack import async_wait_for
 from tests.minisource import Source, differences, fixity, notification, of_entry
 from tests.syncrig import running_engine
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from rsnotify import sitemap
+from rsnotify.changes.access import DirectoryAccess
+from rsnotify.changes.watcher import CollectionWatcher, PollResult
 from rsnotify.model import Capability, ChangeType, Document, Entry, Root
-from rsnotify.publisher.access import DirectoryAccess
-from rsnotify.publisher.watcher import CollectionWatcher, PollResult
 from rsnotify.tracker import Checkpoint
 
 BASE = "http://source.example/c1/"

@@ -45,8 +45,8 @@ from aiohttp import web
 from lxml import etree
 
 from rsnotify import sitemap, w3cdt
-from rsnotify.devstack import ManagedProcess, Redis, async_wait_for, free_port
 from rsnotify.model import Capability, CapabilityList, ChangeListIndex, Entry
+from tests.devstack import ManagedProcess, Redis, async_wait_for, free_port
 from tests.helpers import serve
 
 RunRsnotify = Callable[..., ManagedProcess]

@@ -10,10 +10,10 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from rsnotify.devstack import Redis
 from rsnotify.transport import websubproto as proto
 from rsnotify.transport.websubproto import Action, Delivery, LeasePolicy, RequestError
 from rsnotify.transport.websubstore import MemoryStore, RedisStore, SQLiteStore, SubscriptionStore
+from tests.devstack import Redis
 
 HUB = "http://hub.test/"
 TOPIC = HUB + "source.test-capabilitylist"

@@ -31,7 +31,7 @@ from aiohttp import web
 from lxml import etree
 
 from rsnotify import w3cdt
-from rsnotify.devstack import ManagedProcess, Redis, async_wait_for, free_port
+from tests.devstack import ManagedProcess, Redis, async_wait_for, free_port
 from tests.helpers import serve
 from tests.test_websub import (
     RS,

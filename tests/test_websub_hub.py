@@ -27,7 +27,6 @@ from aiohttp import web
 from lxml import etree
 
 from rsnotify import envelope
-from rsnotify.devstack import Redis, async_wait_for, free_port
 from rsnotify.envelope import Notification, to_json
 from rsnotify.log import Retention
 from rsnotify.log.sqlite_log import SQLiteLog
@@ -36,6 +35,7 @@ from rsnotify.transport import websubproto as proto
 from rsnotify.transport.websub import WebSubHub
 from rsnotify.transport.websubguard import CallbackPolicy, FilteringResolver
 from rsnotify.transport.websubstore import MemoryStore, RedisStore, Subscription
+from tests.devstack import Redis, async_wait_for, free_port
 
 COLLECTION = "source.test-capabilitylist"
 CAPABILITY_LIST = "http://source.test/capabilitylist.xml"

@@ -38,8 +38,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from rsnotify.demo import mirror_differences
-from rsnotify.devstack import ManagedProcess, async_wait_for, free_port
+from tests.devstack import ManagedProcess, async_wait_for, free_port
+from tests.groundtruth import mirror_differences
 from tests.helpers import messages, serve
 
 RunRsnotify = Callable[..., ManagedProcess]
@@ -205,7 +205,7 @@ class SpecSource:
         ).encode()
 
     def state(self) -> dict[str, object]:
-        """What the mirror must hold (the shape rsnotify.demo.mirror_differences reads)."""
+        """What the mirror must hold (the shape tests.groundtruth.mirror_differences reads)."""
         return {
             "collections": {
                 self.capability_list: {

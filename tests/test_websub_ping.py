@@ -16,7 +16,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
-from rsnotify.devstack import ManagedProcess, async_wait_for, free_port
+from tests.devstack import ManagedProcess, async_wait_for, free_port
 from tests.test_websub import http_json, start_publisher, start_simulator
 
 RunRsnotify = Callable[..., ManagedProcess]

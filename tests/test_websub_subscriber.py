@@ -33,14 +33,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from rsnotify.demo import mirror_differences
-from rsnotify.devstack import ManagedProcess, async_wait_for, free_port, wait_for
 from rsnotify.envelope import Notification, decode_batch, to_json
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.model import ChangeType
 from rsnotify.transport.websub import WebSubHub
 from rsnotify.transport.websubproto import LeasePolicy
 from rsnotify.transport.websubstore import SQLiteStore
+from tests.devstack import ManagedProcess, async_wait_for, free_port, wait_for
+from tests.groundtruth import mirror_differences
 
 RunRsnotify = Callable[..., ManagedProcess]
 CHANGES = 3_000

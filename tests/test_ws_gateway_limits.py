@@ -20,9 +20,9 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from rsnotify.devstack import ManagedProcess, async_wait_for
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.transport.ws import WebSocketGateway, address_key
+from tests.devstack import ManagedProcess, async_wait_for
 from tests.helpers import running_simulator
 
 CAP = "http://example.com/c1/capabilitylist.xml"

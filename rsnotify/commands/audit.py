@@ -17,17 +17,19 @@ from .. import discovery, sitemap
 from ..errors import RsNotifyError
 from ..fetch import Fetcher
 from ..model import Capability, Entry
+from ..options import Options, flag, option, positional, repeated
 from ..subscriber.mirror import TEMP_PREFIX, MirrorError, path_for
 
 NAME = "audit"
 HELP = "compare a mirror with the Source's Resource List; exit 1 on differences"
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", metavar="SOURCE")
-    parser.add_argument("--into", required=True, metavar="DIR")
-    parser.add_argument("--collection", action="append", default=[], metavar="URL|ID")
-    parser.add_argument("--quiet", action="store_true", help="print only the summary")
+OPTIONS = Options(
+    positional("source", metavar="SOURCE"),
+    option("--into", required=True, metavar="DIR"),
+    repeated("--collection", metavar="URL|ID"),
+    flag("--quiet", help="print only the summary"),
+)
 
 
 def _sha256(path: Path) -> str:

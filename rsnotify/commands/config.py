@@ -1,7 +1,7 @@
 """``rsnotify config check|show``: validate a configuration file; print effective options.
 
-``check`` validates every section of a file against the real parsers of the
-subcommands, so it accepts exactly what ``rsnotify <command> --config FILE``
+``check`` validates every section of a file against the declared options of
+the subcommands, so it accepts exactly what ``rsnotify <command> --config FILE``
 would accept and finds a typo before a service restarts on it at 3 a.m.
 ``show`` prints what a subcommand would run with, as TOML, each value with
 where it came from; secrets are redacted so the output can be pasted in a
@@ -17,10 +17,11 @@ from collections.abc import Mapping
 
 from .. import config
 from ..config import COMMON, ConfigError, Problem
+from ..options import Options
 
 NAME = "config"
 HELP = "check a configuration file against every subcommand; show the effective options"
-CONFIG_LAYER = False  # this command reads configuration files; it is not configured by one
+# No OPTIONS: this command reads configuration files; it is not configured by one.
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "check",
         help="validate every section of FILE; exit 1 with one line per problem",
         description="Validate every section of a TOML configuration file against the "
-        "subcommands' own option parsers.",
+        "subcommands' own options.",
     )
     check.add_argument(
         "file", nargs="?", metavar="FILE", help=f"the file (default: ${config.CONFIG_ENV})"
@@ -49,26 +50,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     show.add_argument("--config", metavar="FILE", help=f"the file (default: ${config.CONFIG_ENV})")
 
 
-def _parsers() -> dict[str, argparse.ArgumentParser]:
-    """Every configurable subcommand's real parser."""
-    from ..cli import COMMANDS, command_parser
+def _declared() -> dict[str, Options]:
+    """Every configurable subcommand's declared options."""
+    from ..cli import configurable
 
-    parsers: dict[str, argparse.ArgumentParser] = {}
-    for name, _, _ in COMMANDS:
-        module, parser = command_parser(name)
-        if getattr(module, "CONFIG_LAYER", True):
-            parsers[name] = parser
-    return parsers
+    return configurable()
 
 
 def _check_common(
     file: config.ConfigFile,
     table: Mapping[str, object],
-    parsers: Mapping[str, argparse.ArgumentParser],
+    declared: Mapping[str, Options],
     problems: list[Problem],
 ) -> None:
     """[common] keys must mean something to at least one subcommand, and be valid for each."""
-    per_command = {name: config.options(parser) for name, parser in parsers.items()}
+    per_command = {name: config.options(opts) for name, opts in declared.items()}
     every = sorted({key for opts in per_command.values() for key in opts})
     for key, value in table.items():
         where = file.where(COMMON, key)
@@ -96,28 +92,28 @@ def check(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None
         file = config.load(path)
     except ConfigError as exc:
         return exc.problems
-    parsers = _parsers()
+    declared = _declared()
     problems: list[Problem] = []
-    tables = config.file_sections(file, parsers, problems)
+    tables = config.file_sections(file, declared, problems)
     for section, table in tables.items():
         if section == COMMON:
-            _check_common(file, table, parsers, problems)
+            _check_common(file, table, declared, problems)
         else:
-            opts = config.options(parsers[section])
+            opts = config.options(declared[section])
             config.table_settings(file, section, table, opts, problems, strict=True)
     if environ is not None:
-        problems += check_environment(environ, parsers)
+        problems += check_environment(environ, declared)
     return config.in_order(problems)
 
 
 def check_environment(
-    environ: Mapping[str, str], parsers: Mapping[str, argparse.ArgumentParser] | None = None
+    environ: Mapping[str, str], declared: Mapping[str, Options] | None = None
 ) -> list[Problem]:
-    parsers = _parsers() if parsers is None else parsers
+    declared = _declared() if declared is None else declared
     problems: list[Problem] = []
     common_seen: set[str] = set()
-    for name, parser in parsers.items():
-        opts = config.options(parser)
+    for name, command_options in declared.items():
+        opts = config.options(command_options)
         for strict, part in ((False, "COMMON"), (True, config.env_part(name))):
             found = config.env_settings(
                 name, opts, environ, problems, prefix_part=part, strict=strict
@@ -157,28 +153,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def show(command: str, path: str | None, environ: Mapping[str, str]) -> int:
-    from ..cli import COMMANDS, command_parser
-
-    names = [n for n, _, _ in COMMANDS]
-    if command not in names or command == NAME:
-        hint = config.suggest(command, [n for n in names if n != NAME])
+    declared = _declared()
+    if command not in declared:
+        hint = config.suggest(command, declared)
         print(
             f"rsnotify config show: no configurable subcommand {command!r}{hint}", file=sys.stderr
         )
         return 2
-    _, parser = command_parser(command)
     path = path or environ.get(config.CONFIG_ENV)
     try:
         file = config.load(path) if path else None
-        settings = config.resolve(
-            command, parser, file, environ, sections=[n for n in names if n != NAME]
-        )
+        settings = config.resolve(command, declared[command], file, environ, sections=declared)
     except ConfigError as exc:
         print(exc)
         return 1
     source = f"{path}, the environment" if path else "the environment"
     print(f"# rsnotify {command}: options from {source} and defaults; flags still win")
     print(f"[{command}]")
-    for line in config.show(parser, settings):
+    for line in config.show(declared[command], settings, environ):
         print(line)
     return 0

@@ -31,10 +31,13 @@ from enum import Enum
 from typing import IO, Any
 
 from .. import w3cdt
-from ..config import add_lenient_option, lenient_rules
+from ..commonoptions import lenient_options, lenient_rules
 from ..errors import RsNotifyError
 from ..model import Document, Entry, Link
+from ..options import Options, flag, option, positional
 from ..sitemap import DEFAULT_LIMITS, DocumentReader, Lenient, Limits
+
+# Any (strict module): the JSON values printed, read from any document or entry field.
 
 NAME = "inspect"
 HELP = "read a ResourceSync document (file or URL) and describe it"
@@ -44,25 +47,21 @@ SPOOL_BYTES = 8 << 20  # a --json listing larger than this waits in a temporary 
 _KEYS = {"from_": "from", "md_extra": "extra"}
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("location", metavar="FILE|URL", help="a local file or an http(s) URL")
-    parser.add_argument(
+OPTIONS = Options(
+    positional("location", metavar="FILE|URL", help="a local file or an http(s) URL"),
+    flag(
         "--json",
-        action="store_true",
         help="one JSON object per line (header, then entries); nothing on stdout if refused",
-    )
-    add_lenient_option(parser)
-    parser.add_argument(
-        "--allow-unordered",
-        action="store_true",
-        help="the same as --lenient order (kept for existing scripts)",
-    )
-    parser.add_argument(
+    ),
+    lenient_options(),
+    flag("--allow-unordered", help="the same as --lenient order (kept for existing scripts)"),
+    option(
         "--max-bytes",
         type=int,
         default=DEFAULT_LIMITS.max_bytes,
         help="refuse documents larger than this (default: 50 MB, the Sitemap limit)",
-    )
+    ),
+)
 
 
 def _value(value: Any) -> Any:

@@ -23,18 +23,20 @@ import contextlib
 import json
 import logging
 import math
+import os
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
-import redis.asyncio as aioredis
+import paho.mqtt.client as mqtt
 from redis.exceptions import RedisError
 
-from .. import w3cdt
+from .. import redisurl, w3cdt
 from ..backoff import Backoff
 from ..cancellation import raise_if_cancelled
+from ..collection import is_valid_collection_id
 from ..errors import RsNotifyError
 from ..log.redis_log import COLLECTIONS_KEY
 from ..report import (
@@ -46,6 +48,10 @@ from ..report import (
     publisher_key,
     subscriber_key,
 )
+from ..transport import mqttsig
+from ..transport.mqttlink import BrokerLink, LinkState
+from ..transport.mqtturl import parse_broker_url
+from ..transport.topics import Topics
 from .state import DashboardState, LogIndex
 
 log = logging.getLogger("rsnotify.dashboard")
@@ -55,8 +61,17 @@ TAIL_BATCH = 10_000
 FORGET_AFTER = 24 * 3600.0  # statuses older than this are not shown at all
 BACKFILL = 3600.0
 
+# Stream replies as this module's connections read them (redis-py's default
+# legacy reply shapes, without decode_responses), narrower than redis-py's
+# types, which cover every protocol and option: ids, field names and values
+# are bytes; XRANGE and XREVRANGE return a list, empty for a missing key;
+# XREAD returns [[key, entries], ...], empty once its block times out (the
+# pairs are lists, only ever unpacked here).
+StreamRows = list[tuple[bytes, dict[bytes, bytes]]]
+XReadReply = list[tuple[bytes, StreamRows]]
 
-def _text(value: Any) -> str:
+
+def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -65,11 +80,11 @@ def _log_keys(collection: str) -> tuple[str, str]:
     return f"rsn:{tag}:log", f"rsn:{tag}:meta"
 
 
-def _seq(stream_id: Any) -> int:
+def _seq(stream_id: bytes | str) -> int:
     return int(_text(stream_id).split("-", 1)[0])
 
 
-def _log_entry(stream_id: Any, fields: dict[bytes, bytes]) -> tuple[int, float, float | None]:
+def _log_entry(stream_id: bytes, fields: dict[bytes, bytes]) -> tuple[int, float, float | None]:
     """(seq, logged epoch s, change time epoch s or None) of one log record."""
     logged = int(fields.get(b"t", 0) or 0) / 1000.0
     changed: float | None = None
@@ -82,7 +97,7 @@ def _log_entry(stream_id: Any, fields: dict[bytes, bytes]) -> tuple[int, float, 
     return _seq(stream_id), logged, changed
 
 
-def _status(raw: Any) -> dict[str, Any] | None:
+def _status(raw: bytes | None) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
@@ -93,8 +108,10 @@ def _status(raw: Any) -> dict[str, Any] | None:
 
 
 def check_redis_url(url: str) -> str:
-    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-        raise RsNotifyError(f"{url!r}: --redis must be a redis://, rediss:// or unix:// URL")
+    if urlsplit(url).scheme not in redisurl.SCHEMES:
+        raise RsNotifyError(
+            f"{url!r}: --redis must be a redis://, rediss://, unix:// or redis+sentinel:// URL"
+        )
     return url
 
 
@@ -117,10 +134,8 @@ class Collector:
         self.on_samples = on_samples
         self.on_event = on_event
         try:
-            self.redis = aioredis.Redis.from_url(
-                redis_url, socket_timeout=5.0, socket_connect_timeout=5.0
-            )
-            self._blocking = aioredis.Redis.from_url(redis_url, socket_connect_timeout=5.0)
+            self.redis = redisurl.client(redis_url, socket_timeout=5.0, socket_connect_timeout=5.0)
+            self._blocking = redisurl.client(redis_url, socket_connect_timeout=5.0)
         except ValueError as exc:
             raise RsNotifyError(f"{redis_url!r}: {exc}") from None
         self.mqtt = (
@@ -140,7 +155,7 @@ class Collector:
 
     async def start(self) -> None:
         if self.mqtt is not None:
-            self.mqtt.start(asyncio.get_running_loop())
+            self.mqtt.start()
         self._tail_task = asyncio.create_task(self._tail())
 
     async def stop(self) -> None:
@@ -155,7 +170,7 @@ class Collector:
 
     # -- telemetry streams ------------------------------------------------------------------
 
-    def _ingest_samples(self, rows: list[tuple[Any, dict[Any, Any]]]) -> None:
+    def _ingest_samples(self, rows: StreamRows) -> None:
         if not rows:
             return
         samples = []
@@ -168,7 +183,7 @@ class Collector:
         if self.on_samples is not None:
             self.on_samples(samples, stages)
 
-    def _ingest_event(self, stream_id: Any, fields: dict[Any, Any]) -> None:
+    def _ingest_event(self, stream_id: bytes, fields: dict[bytes, bytes]) -> None:
         f = {_text(k): _text(v) for k, v in fields.items()}
         try:
             data = json.loads(f.get("j") or "{}")
@@ -193,7 +208,9 @@ class Collector:
         self.state.latency.advance(time.time())
         start = f"{int((time.time() - BACKFILL) * 1000)}-0"
         while True:
-            rows = await self._blocking.xrange(SAMPLES_KEY, start, "+", count=TAIL_BATCH)
+            rows = cast(
+                StreamRows, await self._blocking.xrange(SAMPLES_KEY, start, "+", count=TAIL_BATCH)
+            )
             self._ingest_samples(rows)
             if rows:
                 self._samples_id = _text(rows[-1][0])
@@ -201,7 +218,7 @@ class Collector:
             if len(rows) < TAIL_BATCH:
                 break
             await asyncio.sleep(0)
-        recent = await self._blocking.xrevrange(EVENTS_KEY, "+", "-", count=100)
+        recent = cast(StreamRows, await self._blocking.xrevrange(EVENTS_KEY, "+", "-", count=100))
         for stream_id, fields in reversed(recent):
             self._ingest_event(stream_id, fields)
         if recent:
@@ -218,10 +235,13 @@ class Collector:
                     await self._backfill()
                     backfilled = True
                     self.backfilled.set()
-                reply = await self._blocking.xread(
-                    {SAMPLES_KEY: self._samples_id, EVENTS_KEY: self._events_id},
-                    count=TAIL_BATCH,
-                    block=1000,
+                reply = cast(
+                    XReadReply,
+                    await self._blocking.xread(
+                        {SAMPLES_KEY: self._samples_id, EVENTS_KEY: self._events_id},
+                        count=TAIL_BATCH,
+                        block=1000,
+                    ),
                 )
                 raise_if_cancelled()
                 backoff.reset()
@@ -338,7 +358,8 @@ class Collector:
 class MqttHeads:
     """Subscribes to every collection's retained head message.
 
-    The connection (MQTT 5, 3.1.1 fallback, reconnects, one-line errors) is a
+    The connection (MQTT 5, 3.1.1 fallback, reconnects, one-line errors, the
+    hop from paho's thread to the loop) is a
     :class:`~rsnotify.transport.mqttlink.BrokerLink`.  Heads are read under
     ``<prefix>/+/head`` whatever the topic naming (broker-safe or legacy);
     the collection is the one the head names, and a head on a topic that is
@@ -353,17 +374,10 @@ class MqttHeads:
         *,
         protocol: str = "auto",
     ) -> None:
-        import os
-
-        from ..transport.mqttlink import BrokerLink
-        from ..transport.mqtturl import parse_broker_url
-        from ..transport.topics import Topics
-
         self.broker = parse_broker_url(url)
         self.topics = Topics(prefix)
         self.prefix = self.topics.prefix
         self.on_head = on_head
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.link = BrokerLink(
             self.broker,
             client_id=f"rsnotify-dashboard-{os.getpid()}-{id(self) & 0xFFFF:x}",
@@ -373,25 +387,24 @@ class MqttHeads:
             tls=ssl.create_default_context() if self.broker.tls else None,
             reconnect_min=1.0,
             reconnect_max=10.0,
-            setup=self._setup,
-            on_connack=self._on_connack,
+            on_message=self._on_message,
+            on_state=self._on_state,
         )
 
     @property
     def connected(self) -> bool:
         return self.link.connected
 
-    def _setup(self, client: Any, _conn: int) -> None:
-        client.on_message = self._on_message
+    def _on_state(self, state: LinkState) -> None:
+        if state.state == "connected":
+            # Retained heads arrive after the SUBACK; a refusal shows as none arriving.
+            self.link.subscribe([(self.topics.head_filter(), 0)]).add_done_callback(_ignore_outcome)
 
-    def _on_connack(self, client: Any, _conn: int, _props: Any) -> None:
-        client.subscribe(self.topics.head_filter(), qos=0)
-
-    def _on_message(self, _c: Any, _u: Any, message: Any) -> None:
-        from ..collection import is_valid_collection_id
-        from ..transport import mqttsig
-
-        payload, _signature = mqttsig.detach(message.payload)
+    def _on_message(self, message: mqtt.MQTTMessage) -> None:
+        """In paho's thread: check the head, hand it to the loop."""
+        # paho types a payload bytes | bytearray; what it receives is bytes, for which
+        # bytes() is the same object (no copy).
+        payload, _signature = mqttsig.detach(bytes(message.payload))
         try:
             body = json.loads(payload)
         except ValueError:
@@ -401,13 +414,15 @@ class MqttHeads:
             return
         if message.topic not in (self.topics.head(collection), f"{self.prefix}/{collection}/head"):
             return  # a head claiming another collection's name
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                self._loop.call_soon_threadsafe(self.on_head, collection, body)
+        self.link.post(self.on_head, collection, body)
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def start(self) -> None:
         self.link.start()
 
     async def stop(self) -> None:
         await self.link.stop()
+
+
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: a connection lost before the SUBACK is not news

@@ -8,9 +8,11 @@ import logging
 import signal
 
 from .. import argtypes
+from ..commonoptions import LOG, MQTT_PROTOCOL
 from ..errors import RsNotifyError
 from ..logs import setup as setup_logging
-from ..transport.topics import prefix_argument, protocol_argument
+from ..options import Options, build, option, repeated
+from ..transport.topics import prefix_argument
 from .server import Dashboard, DashboardConfig
 
 NAME = "dashboard"
@@ -19,77 +21,70 @@ HELP = "serve a live page of publish rates, subscriber lags and end-to-end laten
 log = logging.getLogger("rsnotify.dashboard")
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+OPTIONS = Options(
+    option(
         "--redis",
         type=argtypes.redis_url,
         default="redis://127.0.0.1:6379/0",
         metavar="URL",
         help="the Redis holding the log and the telemetry (default: %(default)s)",
-    )
-    parser.add_argument(
+    ),
+    option(
         "--mqtt",
         type=argtypes.mqtt_url,
         metavar="URL",
         help="also read publisher heartbeats from the retained <prefix>/<collection>/head",
-    )
-    parser.add_argument(
+    ),
+    option(
         "--topic-prefix",
         type=prefix_argument,
         default="resourcesync",
         help="MQTT topic prefix (default resourcesync)",
-    )
-    parser.add_argument(
-        "--mqtt-protocol",
-        type=protocol_argument,
-        default="auto",
-        help="MQTT version: auto (5, falling back to 3.1.1 when refused; default), 5 or 3.1.1",
-    )
-    parser.add_argument(
+    ),
+    MQTT_PROTOCOL,
+    option(
         "--host",
         default="127.0.0.1",
         help="address to serve on; also a Host name the dashboard answers to",
-    )
-    parser.add_argument(
+    ),
+    repeated(
         "--allow-host",
-        action="append",
-        default=[],
         type=argtypes.non_empty,
         metavar="NAME",
         help="also answer requests for this host name (repeatable; '*' for any). IP "
         "addresses, localhost and --host are always answered; other names are refused "
         "against DNS rebinding",
-    )
-    parser.add_argument(
+        field="allow_hosts",
+    ),
+    repeated(
         "--allow-ws-origin",
-        action="append",
-        default=[],
         type=argtypes.non_empty,
         metavar="ORIGIN",
         help="let pages from this origin (https://ops.example.org) read /ws (repeatable; "
         "'*' for any); by default only the dashboard's own page may",
-    )
-    parser.add_argument("--port", type=argtypes.port, default=8080, help="port; 0 picks a free one")
-    parser.add_argument(
+        field="allow_ws_origins",
+    ),
+    option("--port", type=argtypes.port, default=8080, help="port; 0 picks a free one"),
+    option(
         "--interval",
         type=argtypes.positive_number,
         default=1.0,
         help="seconds between page updates (default 1)",
-    )
-    parser.add_argument(
+    ),
+    option(
         "--offline-after",
         type=argtypes.positive_number,
         default=5.0,
         help="a subscriber silent this many seconds is offline (default 5)",
-    )
-    parser.add_argument(
+    ),
+    option(
         "--stale-after",
         type=argtypes.positive_number,
         default=15.0,
         help="a publisher heartbeat older than this is stale (default 15)",
-    )
-    parser.add_argument("--log-level", type=argtypes.log_level, default="info")
-    parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
+    ),
+    LOG,
+)
 
 
 async def _serve(config: DashboardConfig) -> int:
@@ -119,19 +114,7 @@ async def _serve(config: DashboardConfig) -> int:
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
-        config = DashboardConfig(
-            redis=args.redis,
-            mqtt=args.mqtt,
-            topic_prefix=args.topic_prefix,
-            mqtt_protocol=args.mqtt_protocol,
-            host=args.host,
-            port=args.port,
-            interval=args.interval,
-            offline_after=args.offline_after,
-            stale_after=args.stale_after,
-            allow_hosts=args.allow_host,
-            allow_ws_origins=args.allow_ws_origin,
-        )
+        config = build(DashboardConfig, OPTIONS, args)
         return asyncio.run(_serve(config))
     except RsNotifyError as exc:
         print(f"rsnotify dashboard: {exc}", flush=True)

@@ -19,10 +19,12 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..envelope import LATENCY_STAGES
+
 MIN_SECONDS = 1e-4
 BINS_PER_OCTAVE = 16
 QUANTILES = (0.5, 0.9, 0.99)
-STAGES = ("e2e", "detect", "publish", "deliver", "apply")
+STAGES = LATENCY_STAGES
 SECOND_BUCKETS = 300
 MINUTE_BUCKETS = 60
 # name -> (span in buckets, bucket size in seconds)
@@ -41,7 +43,8 @@ def bin_value(b: int) -> float:
     """The geometric middle of bin ``b`` (0 for bin 0)."""
     if b <= 0:
         return 0.0
-    return round(MIN_SECONDS * 2.0 ** ((b - 0.5) / BINS_PER_OCTAVE), 7)
+    value: float = MIN_SECONDS * 2.0 ** ((b - 0.5) / BINS_PER_OCTAVE)  # float ** float: Any
+    return round(value, 7)
 
 
 def bin_lower(b: int) -> float:
@@ -245,13 +248,15 @@ class LatencyWindows:
                 out[f"{stage}_p99"].append(p[2])
         return out
 
-    def histogram(self, window: str, stage: str = "e2e", per_octave: int = 4) -> dict[str, list]:
+    def histogram(
+        self, window: str, stage: str = "e2e", per_octave: int = 4
+    ) -> dict[str, list[float]]:
         """Counts in coarser log bins (``per_octave``) for a chart: ``lower``, ``upper``, ``count``.
 
         Bin 0 (under 0.1 ms) is shown as [0, 0.1 ms).
         """
         h = self.totals[window].get(stage)
-        out: dict[str, list] = {"lower": [], "upper": [], "count": []}
+        out: dict[str, list[float]] = {"lower": [], "upper": [], "count": []}
         if h is None or h.n <= 0:
             return out
         group = BINS_PER_OCTAVE // per_octave

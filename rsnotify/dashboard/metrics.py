@@ -25,6 +25,8 @@ from prometheus_client.utils import floatToGoString
 from ..metrics import LATENCY_BUCKETS
 from ..report import LatencySample
 
+# Any (strict module): snapshots and events are JSON documents (dashboard.state).
+
 
 class _SnapshotCollector(Collector):
     def __init__(self, snapshot: Callable[[], dict[str, Any] | None]) -> None:
@@ -140,7 +142,8 @@ class _LatencyHistograms(Collector):
             cumulative, buckets = 0, []
             for bound, count in zip([*self.bounds, math.inf], row, strict=True):
                 cumulative += count
-                buckets.append((floatToGoString(bound), cumulative))
+                # prometheus_client leaves floatToGoString unannotated.
+                buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
             family.add_metric(list(key), buckets, self.sums[key])
         yield family
 

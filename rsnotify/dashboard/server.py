@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -44,6 +44,11 @@ from .collector import Collector
 from .hosts import host_allowed, origin_allowed
 from .metrics import DashboardMetrics
 from .state import DashboardState
+
+if TYPE_CHECKING:
+    from aiohttp.typedefs import Handler
+
+# Any (strict module): the snapshot is the JSON document the page reads (state.build).
 
 log = logging.getLogger("rsnotify.dashboard")
 
@@ -215,7 +220,7 @@ class Dashboard:
     async def api_snapshot(self, _: web.Request) -> web.Response:
         return web.Response(text=self.snapshot_text, content_type="application/json")
 
-    def api_part(self, key: str):  # type: ignore[no-untyped-def]
+    def api_part(self, key: str) -> Handler:
         async def handler(_: web.Request) -> web.Response:
             assert self.snapshot is not None
             return web.json_response(self.snapshot[key])
@@ -269,7 +274,7 @@ class Dashboard:
         return web.json_response(body, status=200 if ok else 503)
 
     @web.middleware
-    async def _check_host(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _check_host(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Refuse a ``Host`` the dashboard was not configured with (DNS rebinding)."""
         host = request.headers.get("Host")
         if not host_allowed(host, self.config.host, self.config.allow_hosts):
@@ -325,7 +330,7 @@ class Dashboard:
 
 
 @web.middleware
-async def _headers(request: web.Request, handler: Any) -> web.StreamResponse:
+async def _headers(request: web.Request, handler: Handler) -> web.StreamResponse:
     response = await handler(request)
     if not response.prepared:  # a WebSocket upgrade already sent its headers
         response.headers.update(SECURITY_HEADERS)

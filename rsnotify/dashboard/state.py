@@ -29,6 +29,9 @@ from typing import Any
 from ..report import CATCHING_UP, LatencySample
 from .latency import STAGES, LatencyWindows
 
+# Any (strict module): JSON statuses and events as read from Redis, and the JSON rows
+# served to the page; each field is checked where it is read.
+
 RING = 20_000  # log entries remembered per collection (seq -> logged, change time)
 EVENTS = 200
 
@@ -306,6 +309,7 @@ class DashboardState:
         beat = head.get("heartbeat") if head else None
         if isinstance(beat, int | float) and (best is None or beat > best["heartbeat"]):
             best = {
+                # head is not None: beat came from it.
                 "id": head.get("publisher"),  # type: ignore[union-attr]
                 "heartbeat": beat,
                 "via": "mqtt",

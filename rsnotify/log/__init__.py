@@ -25,23 +25,18 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import RsNotifyError
+from ..errors import Fenced, LogConflict, LogError, LogUnavailable
 
-
-class LogError(RsNotifyError):
-    """The log refused an operation."""
-
-
-class LogUnavailable(LogError):
-    """The log's backend cannot be reached right now; retry with backoff."""
-
-
-class LogConflict(LogError):
-    """The head moved since the appender read it (another writer)."""
-
-
-class Fenced(LogError):
-    """The appender's fencing token is older than the current leader's."""
+__all__ = [
+    "Fenced",
+    "LogConflict",
+    "LogError",
+    "LogRecord",
+    "LogUnavailable",
+    "NotificationLog",
+    "Retention",
+    "open_log",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +123,12 @@ class NotificationLog(abc.ABC):
     async def register(self, collection: str, capability_list: str) -> None:
         """Record a collection and its Capability List URI."""
 
+    async def settle(self, collection: str) -> None:  # noqa: B027 - optional: most never hold back
+        """Make visible what an append left held back (see ``RedisLog``'s ``wait_replicas``).
+
+        A no-op for backends that never hold entries back.
+        """
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections and files."""
@@ -139,12 +140,22 @@ class NotificationLog(abc.ABC):
         await self.close()
 
 
-def open_log(redis_url: str | None, state_dir: str | None) -> NotificationLog:
-    """Redis when a URL is given, otherwise the embedded SQLite log in ``state_dir``."""
+def open_log(
+    redis_url: str | None,
+    state_dir: str | None,
+    *,
+    wait_replicas: int = 0,
+    wait_timeout: float = 1.0,
+) -> NotificationLog:
+    """Redis when a URL is given, otherwise the embedded SQLite log in ``state_dir``.
+
+    ``wait_replicas``/``wait_timeout``: Redis replicas that must hold an entry
+    before any transport may push it (see :mod:`.redis_log`).
+    """
     if redis_url:
         from .redis_log import RedisLog
 
-        return RedisLog(redis_url)
+        return RedisLog(redis_url, wait_replicas=wait_replicas, wait_timeout=wait_timeout)
     from pathlib import Path
 
     from .sqlite_log import SQLiteLog

@@ -6,33 +6,66 @@ keeps them in one slot (the Lua append touches several of them):
 * ``rsn:{c}:log``  stream; entry id ``<seq>-0``, fields ``d`` (envelope), ``t`` (ms)
 * ``rsn:{c}:meta`` hash; ``head``, ``checkpoint``, ``fence``, ``capabilitylist``
 * ``rsn:{c}:cursors`` hash; named consumer positions
+* ``rsn:{c}:pending`` stream; appended entries held back until replicated (below)
 
 Stream ids are the sequence numbers themselves, so ``XRANGE``/``XREAD`` from
 ``<seq>`` is exact replay and Redis refuses any id that would go backwards.
 Run Redis with ``appendonly yes`` (see deploy/redis.conf): the log is only as
 durable as the AOF.
+
+Replication before push (``wait_replicas``, issue 19).  Redis replication is
+asynchronous: a primary that dies can take its last writes with it, and a
+promoted replica would then number the next entries from a rolled-back head.
+A sequence number some Destination already received would come to mean
+another entry.  So with ``wait_replicas = N > 0`` an append is *staged*: the
+Lua script assigns the seqs and stores the checkpoint as before, but writes
+the entries to ``rsn:{c}:pending``, where no reader looks.  On the same
+connection ``WAIT N timeout`` follows (Redis 7.0 has no ``WAITAOF``; that is
+7.2); once N replicas acknowledged it, a second script moves the pending
+entries to the log stream with the same ids, where transports and gateways
+in every process find them.  So everything any transport can push is on
+N replicas as well, and a promoted replica that has it is what Sentinel
+picks (the replica with the largest replication offset).
+
+When ``WAIT`` times out the entries stay pending: :meth:`append` logs a
+warning and waits again (a probe write and ``WAIT``) until enough replicas
+acknowledge, or raises :class:`LogUnavailable` if Redis goes away; nothing
+that may be lost is ever pushed.  The detection loop is held up meanwhile,
+which is the point (back-pressure, not a growing backlog of unsafe entries).
+Entries left pending by a publisher that died, or by a release that a
+failover lost, are released by :meth:`settle`, which a publisher calls
+whenever it (re)loads a collection's head: the pending entries are
+consistent with the head and checkpoint beside them (one script wrote all
+three), so releasing them after replication is always right.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .. import redisurl
 from . import Fenced, LogConflict, LogRecord, LogUnavailable, NotificationLog, Retention
+
+# Any (strict module): redis-py types replies as any RESP value; each reply's shape
+# is the command's, read where it is used.
+
+_log = logging.getLogger("rsnotify.log")
 
 COLLECTIONS_KEY = "rsn:collections"
 
-# KEYS: log, meta.  ARGV: expected head, checkpoint, fence ('' = none), now ms,
-# max_len ('' = none), payloads...
+# KEYS: log, meta, pending.  ARGV: expected head, checkpoint, fence ('' = none),
+# now ms, max_len ('' = none), stage ('1': to pending, see above; '' = to the log),
+# payloads...
 _APPEND = """
 local head = tonumber(redis.call('HGET', KEYS[2], 'head') or '0')
 if head ~= tonumber(ARGV[1]) then
@@ -45,15 +78,41 @@ if ARGV[3] ~= '' then
   end
   redis.call('HSET', KEYS[2], 'fence', ARGV[3])
 end
-for i = 6, #ARGV do
+local stream = KEYS[1]
+if ARGV[6] ~= '' then
+  stream = KEYS[3]
+end
+for i = 7, #ARGV do
   head = head + 1
-  redis.call('XADD', KEYS[1], head .. '-0', 'd', ARGV[i], 't', ARGV[4])
+  redis.call('XADD', stream, head .. '-0', 'd', ARGV[i], 't', ARGV[4])
 end
 redis.call('HSET', KEYS[2], 'head', head, 'checkpoint', ARGV[2])
-if ARGV[5] ~= '' then
+if ARGV[5] ~= '' and ARGV[6] == '' then
   redis.call('XTRIM', KEYS[1], 'MAXLEN', tonumber(ARGV[5]))
 end
 return head
+"""
+
+# KEYS: log, pending.  ARGV: max_len ('' = none).  Move what is pending to the log,
+# same ids, skipping any the log already holds (a release repeated after a failover).
+_RELEASE = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local after = 0
+if #last > 0 then
+  after = tonumber(string.match(last[1][1], '^(%d+)'))
+end
+local moved = 0
+for _, row in ipairs(redis.call('XRANGE', KEYS[2], '-', '+')) do
+  if tonumber(string.match(row[1], '^(%d+)')) > after then
+    redis.call('XADD', KEYS[1], row[1], unpack(row[2]))
+    moved = moved + 1
+  end
+end
+redis.call('DEL', KEYS[2])
+if ARGV[1] ~= '' then
+  redis.call('XTRIM', KEYS[1], 'MAXLEN', tonumber(ARGV[1]))
+end
+return moved
 """
 
 # KEYS: cursors.  ARGV: name, seq.  Cursors only move forward.
@@ -67,11 +126,16 @@ return 0
 
 
 MAX_CONNECTIONS = 64  # per log client; more callers queue for a connection
+WARN_EVERY = 30.0  # seconds between warnings while entries wait for replicas
 
 
 def _keys(collection: str) -> tuple[str, str, str]:
     tag = "{" + collection + "}"
     return f"rsn:{tag}:log", f"rsn:{tag}:meta", f"rsn:{tag}:cursors"
+
+
+def _pending_key(collection: str) -> str:
+    return "rsn:{" + collection + "}:pending"
 
 
 def _seq(stream_id: bytes | str) -> int:
@@ -86,8 +150,20 @@ def _record(stream_id: Any, fields: dict[bytes, bytes]) -> LogRecord:
 class RedisLog(NotificationLog):
     """The log in Redis Streams; one connection pool per instance, closed explicitly."""
 
-    def __init__(self, url: str, *, socket_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        socket_timeout: float = 5.0,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+    ) -> None:
+        """``wait_replicas``: replicas that must hold an entry before it is pushed (above)."""
+        if wait_replicas < 0 or wait_timeout <= 0:
+            raise ValueError("need wait_replicas >= 0 and wait_timeout > 0")
         self.url = url
+        self.wait_replicas = wait_replicas
+        self.wait_ms = max(1, int(wait_timeout * 1000))
         self._socket_timeout = socket_timeout
         # A few quick retries ride out a dropped connection (a Redis restart);
         # longer outages surface as LogUnavailable for the caller's backoff.
@@ -96,21 +172,22 @@ class RedisLog(NotificationLog):
         # connecting at once, each reading the log) waits for a free connection
         # instead of failing with "Too many connections" past redis-py's default
         # limit of 100, which refused those clients as if Redis were down.
-        pool = aioredis.BlockingConnectionPool.from_url(
+        self._redis = redisurl.client(
             url,
             max_connections=MAX_CONNECTIONS,
-            timeout=socket_timeout,
-            socket_timeout=socket_timeout,
+            pool_timeout=socket_timeout,
+            # WAIT blocks up to wait_timeout on the connection: no socket timeout first.
+            socket_timeout=socket_timeout + (wait_timeout if wait_replicas else 0),
             socket_connect_timeout=socket_timeout,
             retry=retry,
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
-        self._redis = aioredis.Redis.from_pool(pool)
         # A separate client for blocking reads, so a long XREAD BLOCK never
         # holds up appends on a shared connection's timeout.
-        self._blocking = aioredis.Redis.from_url(url, socket_connect_timeout=socket_timeout)
+        self._blocking = redisurl.client(url, socket_connect_timeout=socket_timeout)
         self._append = self._redis.register_script(_APPEND)
         self._set_cursor = self._redis.register_script(_SET_CURSOR)
+        self._release = self._redis.register_script(_RELEASE)
 
     async def _call(self, coro: Any) -> Any:
         try:
@@ -134,6 +211,10 @@ class RedisLog(NotificationLog):
     async def earliest(self, collection: str) -> int:
         log, _, _ = _keys(collection)
         first = await self._call(self._redis.xrange(log, "-", "+", count=1))
+        if not first:  # all held back (see wait_replicas)? they come next
+            first = await self._call(
+                self._redis.xrange(_pending_key(collection), "-", "+", count=1)
+            )
         if first:
             return _seq(first[0][0])
         return await self.head(collection) + 1
@@ -150,16 +231,25 @@ class RedisLog(NotificationLog):
         logged_ms: int | None = None,
     ) -> int:
         log, meta, _ = _keys(collection)
+        staged = bool(self.wait_replicas and payloads)
         args: list[Any] = [
             expected_head,
             checkpoint,
             "" if fence is None else fence,
             int(time.time() * 1000) if logged_ms is None else logged_ms,
             "" if max_len is None else max_len,
+            "1" if staged else "",
             *payloads,
         ]
+        keys = [log, meta, _pending_key(collection)]
         try:
-            return int(await self._call(self._append(keys=[log, meta], args=args)))
+            if not staged:
+                return int(await self._call(self._append(keys=keys, args=args)))
+            # One connection: WAIT counts the replicas that have this append.
+            async with self._redis.pipeline(transaction=False) as pipe:
+                await self._append(keys=keys, args=args, client=pipe)  # queued, not sent
+                pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
+                head, acked = await self._call(pipe.execute())
         except ResponseError as exc:
             text = str(exc)
             if "RSN_CONFLICT" in text:
@@ -169,6 +259,48 @@ class RedisLog(NotificationLog):
             if "RSN_FENCED" in text:
                 raise Fenced(f"{collection}: fencing token {fence} is stale") from None
             raise
+        await self._release_when_replicated(collection, int(acked), max_len)
+        return int(head)
+
+    async def _release_when_replicated(
+        self, collection: str, acked: int | None, max_len: int | None
+    ) -> None:
+        """Wait (probe write + WAIT) until enough replicas hold what is pending; release it.
+
+        ``acked``: what the append's own WAIT said (None: nothing asked yet).
+        """
+        log, meta, _ = _keys(collection)
+        held_since = next_warning = time.monotonic()
+        while acked is None or acked < self.wait_replicas:
+            if acked is not None and time.monotonic() >= next_warning:
+                _log.warning(
+                    "%s: only %d of %d replica(s) acknowledged the last append after %.1f s; "
+                    "its entries stay unpushed until they do",
+                    collection,
+                    acked,
+                    self.wait_replicas,
+                    time.monotonic() - held_since,
+                    extra={"collection": collection},
+                )
+                next_warning += WARN_EVERY
+            async with self._redis.pipeline(transaction=False) as pipe:
+                # Any later write on the connection: replication is one ordered stream.
+                pipe.hset(meta, "replicated_probe", int(time.time() * 1000))
+                pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
+                _, acked = await self._call(pipe.execute())
+        await self._call(
+            self._release(
+                keys=[log, _pending_key(collection)], args=["" if max_len is None else max_len]
+            )
+        )
+
+    async def settle(self, collection: str) -> None:
+        """Release entries left pending (a publisher died, a failover lost a release)."""
+        if not self.wait_replicas:
+            return
+        if not await self._call(self._redis.exists(_pending_key(collection))):
+            return
+        await self._release_when_replicated(collection, None, None)
 
     async def checkpoint(self, collection: str) -> str | None:
         _, meta, _ = _keys(collection)
@@ -190,7 +322,11 @@ class RedisLog(NotificationLog):
         block_ms = max(1, int(timeout * 1000))
         try:
             async with asyncio.timeout(timeout + self._socket_timeout):  # see sqlite_log.wait
-                reply = await self._blocking.xread({log: f"{after}-0"}, count=limit, block=block_ms)
+                # Any: redis-py types the reply as any RESP value; XREAD's is
+                # [[stream, [(id, fields), ...]]] or None.
+                reply: Any = await self._blocking.xread(
+                    {log: f"{after}-0"}, count=limit, block=block_ms
+                )
         except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
             raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
         if not reply:

@@ -6,8 +6,9 @@ apart from the retained entries, forward-only cursors, fencing.  The database
 runs in WAL mode with ``synchronous=FULL``: a committed append survives a
 ``kill -9`` and a power cut.
 
-All SQLite calls run on one worker thread, so the event loop never blocks on
-an fsync and the connection is only ever used from the thread that owns it.
+All SQLite calls run on one worker thread (:class:`~rsnotify.sqlitedb.SQLiteWorker`),
+so the event loop never blocks on an fsync and the connection is only ever
+used from the thread that owns it.
 Waiting readers in the same process are woken by appends; readers in another
 process (a second gateway on the same file) fall back to polling.
 """
@@ -16,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..sqlitedb import SQLiteWorker, StoreUnavailable
 from . import Fenced, LogConflict, LogRecord, LogUnavailable, NotificationLog, Retention
 
 T = TypeVar("T")
@@ -58,25 +58,14 @@ class SQLiteLog(NotificationLog):
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsnotify-sqlite")
-        self._db: sqlite3.Connection | None = None
+        self._sql = SQLiteWorker(path, _SCHEMA, thread_name="rsnotify-sqlite")
         self._appended: asyncio.Condition | None = None
-        self._executor.submit(self._open).result()
-
-    def _open(self) -> None:
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA busy_timeout=5000")
-        db.executescript(_SCHEMA)
-        self._db = db
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, fn, *args)
-        except sqlite3.OperationalError as exc:  # locked, disk I/O error, disk full
-            raise LogUnavailable(f"SQLite log {self.path}: {exc}") from None
+            return await self._sql.run(fn, *args)
+        except StoreUnavailable as exc:  # locked, disk I/O error, disk full, closed
+            raise LogUnavailable(f"SQLite log {exc}") from None
 
     def _condition(self) -> asyncio.Condition:
         if self._appended is None:
@@ -86,8 +75,9 @@ class SQLiteLog(NotificationLog):
     # -- worker-thread functions ------------------------------------------------
 
     def _head(self, collection: str) -> int:
-        assert self._db is not None
-        row = self._db.execute("SELECT head FROM meta WHERE collection=?", (collection,)).fetchone()
+        row = self._sql.db.execute(
+            "SELECT head FROM meta WHERE collection=?", (collection,)
+        ).fetchone()
         return int(row[0]) if row else 0
 
     def _append(
@@ -100,8 +90,7 @@ class SQLiteLog(NotificationLog):
         max_len: int | None,
         logged_ms: int | None = None,
     ) -> int:
-        db = self._db
-        assert db is not None
+        db = self._sql.db
         db.execute("BEGIN IMMEDIATE")
         try:
             row = db.execute(
@@ -135,8 +124,7 @@ class SQLiteLog(NotificationLog):
         return head
 
     def _read(self, collection: str, after: int, limit: int) -> list[LogRecord]:
-        assert self._db is not None
-        rows = self._db.execute(
+        rows = self._sql.db.execute(
             "SELECT seq, data, logged_ms FROM log "
             "WHERE collection=? AND seq>? ORDER BY seq LIMIT ?",
             (collection, after, limit),
@@ -144,8 +132,7 @@ class SQLiteLog(NotificationLog):
         return [LogRecord(seq=int(s), data=bytes(d), logged_ms=int(t)) for s, d, t in rows]
 
     def _earliest(self, collection: str) -> int:
-        assert self._db is not None
-        row = self._db.execute(
+        row = self._sql.db.execute(
             "SELECT MIN(seq) FROM log WHERE collection=?", (collection,)
         ).fetchone()
         if row and row[0] is not None:
@@ -153,8 +140,7 @@ class SQLiteLog(NotificationLog):
         return self._head(collection) + 1
 
     def _trim(self, collection: str, retention: Retention, now_ms: int) -> int:
-        db = self._db
-        assert db is not None
+        db = self._sql.db
         if retention.max_len is not None:
             head = self._head(collection)
             db.execute(
@@ -167,37 +153,32 @@ class SQLiteLog(NotificationLog):
         return self._earliest(collection)
 
     def _cursor(self, collection: str, name: str) -> int:
-        assert self._db is not None
-        row = self._db.execute(
+        row = self._sql.db.execute(
             "SELECT seq FROM cursors WHERE collection=? AND name=?", (collection, name)
         ).fetchone()
         return int(row[0]) if row else 0
 
     def _set_cursor(self, collection: str, name: str, seq: int) -> None:
-        assert self._db is not None
-        self._db.execute(
+        self._sql.db.execute(
             "INSERT INTO cursors(collection, name, seq) VALUES (?,?,?) "
             "ON CONFLICT(collection, name) DO UPDATE SET seq=MAX(cursors.seq, excluded.seq)",
             (collection, name, seq),
         )
 
     def _checkpoint(self, collection: str) -> str | None:
-        assert self._db is not None
-        row = self._db.execute(
+        row = self._sql.db.execute(
             "SELECT checkpoint FROM meta WHERE collection=?", (collection,)
         ).fetchone()
         return row[0] if row else None
 
     def _collections(self) -> dict[str, str]:
-        assert self._db is not None
-        rows = self._db.execute(
+        rows = self._sql.db.execute(
             "SELECT collection, capabilitylist FROM meta WHERE capabilitylist IS NOT NULL"
         ).fetchall()
         return {c: u for c, u in rows}
 
     def _register(self, collection: str, capability_list: str) -> None:
-        assert self._db is not None
-        self._db.execute(
+        self._sql.db.execute(
             "INSERT INTO meta(collection, capabilitylist) VALUES (?,?) "
             "ON CONFLICT(collection) DO UPDATE SET capabilitylist=excluded.capabilitylist",
             (collection, capability_list),
@@ -277,7 +258,4 @@ class SQLiteLog(NotificationLog):
         await self._run(self._register, collection, capability_list)
 
     async def close(self) -> None:
-        if self._db is not None:
-            db, self._db = self._db, None
-            await asyncio.get_running_loop().run_in_executor(self._executor, db.close)
-        self._executor.shutdown(wait=True)
+        await self._sql.close()

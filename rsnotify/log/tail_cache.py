@@ -199,6 +199,9 @@ class TailCache(NotificationLog):
     async def cursor(self, collection: str, name: str) -> int:
         return await self.inner.cursor(collection, name)
 
+    async def settle(self, collection: str) -> None:
+        await self.inner.settle(collection)
+
     async def set_cursor(self, collection: str, name: str, seq: int) -> None:
         await self.inner.set_cursor(collection, name, seq)
 

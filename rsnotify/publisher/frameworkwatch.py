@@ -14,7 +14,7 @@ What a check reads, and what it costs
     parsed and hashed only when it comes back changed; for a Resource List
     that is when the Source regenerated it, typically once a day.  The Change
     Lists cost nothing more: the collection's
-    :class:`~rsnotify.publisher.watcher.CollectionWatcher` already reads the
+    :class:`~rsnotify.changes.watcher.CollectionWatcher` already reads the
     Change List Index and the lists on every poll, and tells us which lists
     it saw and which held new entries.
 
@@ -50,14 +50,15 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import cast
 
 from .. import sitemap, w3cdt
+from ..changes.access import DocumentAccess
+from ..changes.watcher import CollectionWatcher
 from ..errors import DocumentError, FetchError, InvalidDocument
 from ..framework import FrameworkChange
-from ..model import Capability, ChangeType, Entry, Root
+from ..model import Capability, CapabilityList, ChangeType, Entry, Root
 from ..tracker import ListRef
-from .access import DocumentAccess
-from .watcher import CollectionWatcher
 
 log = logging.getLogger("rsnotify.publish")
 
@@ -344,7 +345,7 @@ class FrameworkWatcher:
         document = await asyncio.to_thread(sitemap.parse, fetched.body)
         if document.capability != Capability.CAPABILITYLIST:
             raise InvalidDocument(f"{self.capability_list} is not a Capability List")
-        capabilities = document.capabilities
+        capabilities = cast(CapabilityList, document).capabilities  # capability checked above
         state.advertised = {c.value: capabilities[c] for c in WATCHED if c in capabilities}
         state.capability_etag, state.capability_last_modified = (
             fetched.etag,

@@ -21,10 +21,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .. import redisurl
 from ..cancellation import raise_if_cancelled
 
 log = logging.getLogger("rsnotify.publish")
@@ -73,7 +73,7 @@ class LeaderElection:
         self.owner = owner
         self.ttl = ttl
         self.retry = retry
-        self._redis = aioredis.Redis.from_url(redis_url, socket_timeout=ttl / 3)
+        self._redis = redisurl.client(redis_url, socket_timeout=ttl / 3)
         self._renew = self._redis.register_script(_RENEW)
         self._release = self._redis.register_script(_RELEASE)
         self.leadership: Leadership | None = None

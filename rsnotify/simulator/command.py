@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from .. import argtypes
+from ..options import Group, Options, build, flag, option, repeated
 from .server import Simulator, SimulatorConfig
 from .site import RESOURCE_LIST_LIMIT
 from .source import DEFAULT_CHANGELIST_SIZE, SimulatorError, Weights
@@ -36,182 +37,171 @@ def _weights(text: str) -> Weights:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    net = parser.add_argument_group("serving")
-    net.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
-    )
-    net.add_argument(
-        "--port", type=argtypes.port, default=0, help="port; 0 picks a free one (default)"
-    )
-    net.add_argument(
+SERVING = Group(
+    "serving",
+    option("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"),
+    option("--port", type=argtypes.port, default=0, help="port; 0 picks a free one (default)"),
+    option(
         "--base-url",
         help="URL prefix written into the documents (default http://HOST:PORT/); set it when "
         "another server serves the --dir copy",
-    )
-    net.add_argument(
+    ),
+    option(
         "--dir",
         type=Path,
         help="also write every document and resource under this directory, for a static server",
-    )
-    shape = parser.add_argument_group("the Source")
-    shape.add_argument(
+    ),
+    flag(
+        "--spare-inodes",
+        toggle=True,
+        default=False,
+        help="--dir replaces files by swapping in inodes earlier replaces retired, kept in "
+        "DIR/.rsnotify-spare; pays only on ext4 without a journal (default: off)",
+    ),
+)
+SOURCE = Group(
+    "the Source",
+    option(
         "--collections",
         type=argtypes.positive_int,
         default=1,
         help="collections, one Capability List each (default: %(default)s)",
-    )
-    shape.add_argument(
+    ),
+    option(
         "--resources",
         type=argtypes.nonneg_int,
         default=100,
         help="initial resources per collection (default: %(default)s)",
-    )
-    shape.add_argument(
+    ),
+    option(
         "--payload-bytes",
         type=argtypes.nonneg_int,
         default=1024,
         help="mean resource size in bytes (default: %(default)s)",
-    )
-    shape.add_argument(
+    ),
+    option(
         "--changelist-size",
         type=argtypes.positive_int,
         default=DEFAULT_CHANGELIST_SIZE,
         help="entries after which the open Change List is closed and a new one opened "
         "(default: %(default)s)",
-    )
-    shape.add_argument(
+    ),
+    option(
         "--resourcelist-size",
         type=argtypes.positive_int,
         default=RESOURCE_LIST_LIMIT,
         help="entries per Resource List before it becomes an index with parts "
         "(default: %(default)s)",
-    )
-    shape.add_argument(
+    ),
+    repeated(
         "--hub",
-        action="append",
-        default=[],
         metavar="URL",
         help="advertise a push channel in every Capability List ({collection} is replaced by "
         "c1, c2..., {id} by the rsnotify collection id): http(s) as a WebSub topic (Change "
         "Notification section 5; hub = the URL before {id}) with its framework topic "
         "URL/framework (Framework Notification section 5), mqtt/ws as rsnotify channels; "
         "repeatable",
-    )
-    shape.add_argument(
+        field="hubs",
+        to_field=tuple,
+    ),
+    repeated(
         "--ping",
-        action="append",
-        default=[],
         metavar="URL",
         help="after each batch of changes, POST hub.mode=publish (hub.url = the Capability "
         "List) to this hub, e.g. rsnotify publish --websub's; repeatable",
-    )
-    shape.add_argument(
+        field="pings",
+        to_field=tuple,
+    ),
+    option(
         "--ping-secret",
-        default=None,
         metavar="SECRET",
         help="sign pings with X-Hub-Signature (the publisher's --secret)",
-    )
-    shape.add_argument(
+        secret=True,
+    ),
+    option(
         "--spec-version",
         choices=("1.0", "1.1"),
         default="1.1",
         help="1.1 writes rs:md datetime and <lastmod>; 1.0 only <lastmod> (default: %(default)s)",
-    )
-    changes = parser.add_argument_group("changes")
-    changes.add_argument(
-        "--rate",
-        type=argtypes.nonneg_number,
-        default=10.0,
-        help="changes per second across all collections, 0 for none (default: %(default)s)",
-    )
-    changes.add_argument(
-        "--max-changes",
-        type=argtypes.nonneg_int,
-        default=None,
-        help="stop changing after this many changes, but keep serving",
-    )
-    changes.add_argument(
-        "--weights",
-        type=_weights,
-        default="created=1,updated=3,deleted=1",
-        help="relative frequency of each kind of change (default: %(default)s)",
-    )
-    changes.add_argument(
-        "--resurrect",
-        type=float,
-        default=0.25,
-        help="probability that a creation re-creates a deleted URI (default: %(default)s)",
-    )
-    changes.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="random seed for a repeatable run (default: a random one, shown in /_simulator/stats)",
-    )
-    changes.add_argument(
-        "--paused",
-        action="store_true",
-        help="start with the generator paused (POST /_simulator/resume to start it)",
-    )
-    changes.add_argument(
-        "--clock-skew",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="run the Source's clock this many seconds ahead (negative: behind) of real time",
-    )
-    shape.add_argument(
+    ),
+    flag(
+        "--change-dump",
+        help="also publish a Change Dump (Z39.99 section 13): a ZIP package of the changed "
+        "bitstreams, with its Change Dump Manifest, for every closed Change List",
+    ),
+    option(
         "--large-every",
         type=argtypes.nonneg_int,
         default=0,
         metavar="N",
         help="make one resource URI in N large (--large-bytes), e.g. to kill a Destination "
         "mid-write (default: none)",
-    )
-    shape.add_argument(
+    ),
+    option(
         "--large-bytes",
         type=argtypes.nonneg_int,
         default=4 * 1024 * 1024,
         help="mean size of the large resources (default: %(default)s)",
-    )
-    changes.add_argument(
+    ),
+)
+CHANGES = Group(
+    "changes",
+    option(
+        "--rate",
+        type=argtypes.nonneg_number,
+        default=10.0,
+        help="changes per second across all collections, 0 for none (default: %(default)s)",
+    ),
+    option(
+        "--max-changes",
+        type=argtypes.nonneg_int,
+        help="stop changing after this many changes, but keep serving",
+    ),
+    option(
+        "--weights",
+        type=_weights,
+        default="created=1,updated=3,deleted=1",
+        help="relative frequency of each kind of change (default: %(default)s)",
+    ),
+    option(
+        "--resurrect",
+        type=float,
+        default=0.25,
+        help="probability that a creation re-creates a deleted URI (default: %(default)s)",
+    ),
+    option(
+        "--seed",
+        type=int,
+        help="random seed for a repeatable run (default: a random one, shown in /_simulator/stats)",
+    ),
+    flag(
+        "--paused",
+        help="start with the generator paused (POST /_simulator/resume to start it)",
+    ),
+    option(
+        "--clock-skew",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="run the Source's clock this many seconds ahead (negative: behind) of real time",
+    ),
+    option(
         "--tick",
         type=argtypes.positive_number,
         default=0.01,
         help="seconds between generator batches (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--quiet", action="store_true", help="no live status line even on a terminal"
-    )
+    ),
+)
+OPTIONS = Options(
+    SERVING,
+    SOURCE,
+    CHANGES,
+    flag("--quiet", help="no live status line even on a terminal", field=None),
+)
 
 
 def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
-    return SimulatorConfig(
-        host=args.host,
-        port=args.port,
-        base_url=args.base_url,
-        collections=args.collections,
-        resources=args.resources,
-        rate=args.rate,
-        changelist_size=args.changelist_size,
-        resourcelist_size=args.resourcelist_size,
-        max_changes=args.max_changes,
-        payload_bytes=args.payload_bytes,
-        seed=args.seed,
-        spec_version=args.spec_version,
-        dir=args.dir,
-        weights=args.weights,
-        resurrect=args.resurrect,
-        hubs=tuple(args.hub),
-        pings=tuple(args.ping),
-        ping_secret=args.ping_secret,
-        paused=args.paused,
-        tick=args.tick,
-        clock_skew=args.clock_skew,
-        large_every=args.large_every,
-        large_bytes=args.large_bytes,
-    )
+    return build(SimulatorConfig, OPTIONS, args)
 
 
 async def _main(config: SimulatorConfig, quiet: bool) -> int:

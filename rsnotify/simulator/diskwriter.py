@@ -12,11 +12,12 @@ returns) takes a consistent snapshot of what changed on the event loop, then
 writes it from a worker thread so the generator and the HTTP server keep
 running.  Each file is written to a temporary name and renamed into place, so
 a static server never serves a half-written document; there is no fsync
-because a simulator's output is disposable.  The temporary file is, where
-the system allows, an inode an earlier replace retired, kept in
-``.rsnotify-spare/`` (see :mod:`rsnotify.spare`): at 1,000 changes/s the
-simulator otherwise spent a quarter of a core allocating inodes on a
-filesystem without a journal.  A write failure (disk full...)
+because a simulator's output is disposable.  With ``--spare-inodes`` the
+temporary file is, where the system allows, an inode an earlier replace
+retired, kept in ``.rsnotify-spare/`` (see :mod:`rsnotify.spare`): on ext4
+without a journal, at 1,000 changes/s, the simulator otherwise spent a
+quarter of a core allocating inodes (elsewhere it gains little, so it is
+off by default).  A write failure (disk full...)
 is logged and reported in ``/_simulator/stats`` as ``dir_error``; the live
 server carries on and the copy stops being updated.
 
@@ -98,9 +99,12 @@ def write_files(
 class DiskWriter:
     """Mirrors a :class:`Site` into a directory, incrementally."""
 
-    def __init__(self, root: str | os.PathLike[str], site: Site) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], site: Site, *, spare_inodes: bool = False
+    ) -> None:
         self.root = Path(root)
         self.site = site
+        self.spare_inodes = spare_inodes  # reuse retired inodes (rsnotify.spare)
         self._dirty: dict[str, tuple[str, str]] = {}  # loc -> (collection name, resource name)
         self._written_etags: dict[str, str] = {}
         self._closed_written = 0
@@ -145,11 +149,14 @@ class DiskWriter:
         (root / MARKER).write_text(
             json.dumps({"collections": names, "base_url": self.site.layout.base_url}) + "\n"
         )
-        spares = SparePool(root / SPARE_DIR, root)
-        if spares.enabled:
-            self._spares = spares
-        else:
-            _log.info("--dir %s: replacing files by create and rename (%s)", root, spares.reason)
+        if self.spare_inodes:
+            spares = SparePool(root / SPARE_DIR, root)
+            if spares.enabled:
+                self._spares = spares
+            else:
+                _log.info(
+                    "--dir %s: replacing files by create and rename (%s)", root, spares.reason
+                )
         for collection in self.site.source.collections:
             for record in collection.live_records():
                 self._dirty[record.loc] = (collection.name, record.name)

@@ -27,7 +27,8 @@ Control and ground truth (JSON)
     with the documents served at the same instant).
 ``GET /_simulator/stats``
     Counters: changes (total and by kind), rates, requests by status, bytes,
-    open Change Lists, seed, configuration.
+    whole (200) GETs of resources and of Change Dump packages
+    (``resource_gets``, ``package_gets``), open Change Lists, seed, configuration.
 ``POST /_simulator/pause`` / ``POST /_simulator/resume``
     Freeze / unfreeze the rate-driven generator.  ``advance`` still works
     while paused: pausing freezes the clock-driven changes, not the tests'
@@ -54,6 +55,16 @@ Control and ground truth (JSON)
 
 Control requests that change state (pause, advance) return only after the
 ``--dir`` copy, if any, has caught up, so a test can compare it right away.
+
+Why one module of ~620 lines: it is one aiohttp application, and the
+document handlers, the fault injection, the counters and the control
+endpoints all read and change the same live state of one :class:`Simulator`
+(paused or not, the fault window, the clock skew, the ``--dir`` copy to
+settle before answering); about a tenth of the file is the endpoint reference
+above.  Everything that needs no server lives beside it: the changes in
+:mod:`.source` (pure state machine), the published bytes and their validators
+in :mod:`.site`, the resource content in :mod:`.payload`, the ``--dir`` copy
+in :mod:`.diskwriter`, WebSub pings in :mod:`.ping`.
 """
 
 from __future__ import annotations
@@ -72,6 +83,7 @@ from typing import Any
 from aiohttp import web
 
 from . import payload
+from .changedump import ZIP_TYPE
 from .diskwriter import DiskWriter
 from .ping import Pinger
 from .site import RESOURCE_LIST_LIMIT, Site
@@ -109,6 +121,8 @@ class SimulatorConfig:
     seed: int | None = None
     spec_version: str = "1.1"
     dir: Path | None = None
+    spare_inodes: bool = False  # --dir reuses retired inodes (rsnotify.spare)
+    change_dump: bool = False  # a Change Dump: a ZIP package per closed Change List (.changedump)
     weights: Weights = field(default_factory=Weights)
     resurrect: float = 0.25
     hubs: tuple[str, ...] = ()
@@ -118,7 +132,7 @@ class SimulatorConfig:
     flush_interval: float = 0.5
     clock_skew: float = 0.0
     large_every: int = 0
-    large_bytes: int = 0
+    large_bytes: int = 4 * 1024 * 1024  # the mean size of one in --large-every resources
     pings: tuple[str, ...] = ()  # hub URLs told "I just wrote my Change List" (see .ping)
     ping_secret: str | None = None
 
@@ -162,6 +176,8 @@ class _Counters:
     batches: int = 0
     ticks: int = 0  # generator wake-ups, so tests can see time pass without sleeping
     dropped: int = 0  # changes skipped because the loop fell more than 1 s behind
+    resource_gets: int = 0  # GETs answered with a resource's bytes (200)
+    package_gets: int = 0  # GETs answered with a Change Dump package (200)
 
 
 def _format_host(host: str) -> str:
@@ -225,10 +241,11 @@ class Simulator:
                 hubs=config.hubs,
                 large_every=config.large_every,
                 large_bytes=config.large_bytes,
+                change_dump=config.change_dump,
             )
             self.site = Site(source, resourcelist_size=config.resourcelist_size)
             if config.dir is not None:
-                self.writer = DiskWriter(config.dir, self.site)
+                self.writer = DiskWriter(config.dir, self.site, spare_inodes=config.spare_inodes)
                 self.writer.prepare()
                 await self.writer.flush(self.now())
             self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
@@ -417,6 +434,11 @@ class Simulator:
             if ranged is not None:
                 return ranged
         self._count(200, 0 if request.method == "HEAD" else len(rep.body))
+        if request.method == "GET":
+            if rep.content_type == payload.MEDIA_TYPE:
+                self.counters.resource_gets += 1
+            elif rep.content_type == ZIP_TYPE:
+                self.counters.package_gets += 1
         return web.Response(body=rep.body, headers=headers)
 
     async def _misbehave(
@@ -507,6 +529,8 @@ class Simulator:
             "requests": counters.requests,
             "responses": {str(k): v for k, v in sorted(counters.by_status.items())},
             "bytes_sent": counters.bytes_sent,
+            "resource_gets": counters.resource_gets,
+            "package_gets": counters.package_gets,
             "uptime_s": round(time.monotonic() - self._started_mono, 3),
             "seed": self.seed,
             "spec_version": config.spec_version,

@@ -14,6 +14,8 @@ as rarely as possible:
   fragment and the document is ``head + fragments + tail`` (see
   :class:`_Splicer`), rebuilt lazily on request only when it has grown;
 * the Change List Index is rebuilt only when a list closes;
+* ``--change-dump``: a closed list's package (:mod:`.changedump`) is built
+  once, as the list closes; the Change Dump only when a package is added;
 * the Resource List is rebuilt lazily when the state has changed, and while
   the rate-driven generator runs at most every ``max_age`` seconds (callers
   pass it), since a 50,000-entry snapshot per request would starve the
@@ -43,7 +45,7 @@ from email.utils import format_datetime
 
 from .. import sitemap
 from ..model import Capability, ChangeType, Document, Entry, Link, Root, make_document
-from . import payload
+from . import changedump, payload
 from .source import Applied, ChangeListState, Collection, SimulatorError, Source
 
 XML_TYPE = "application/xml"
@@ -288,6 +290,8 @@ class Site:
         self._open: dict[str, _ChangeListBytes] = {}
         self._index: dict[str, tuple[int, Representation]] = {}
         self._resource_lists: dict[str, _ResourceListCache] = {}
+        self._packages: dict[str, list[changedump.Package]] = {}  # --change-dump
+        self._dumps: dict[str, tuple[int, Representation]] = {}  # its Change Dumps
         start = source.start
         sd = self.layout.source_description()
         self._static[self.layout.path(sd)] = Representation.document(
@@ -353,6 +357,13 @@ class Site:
         self._closed[self.layout.path(url)] = Representation.document(
             body, state.last_time, renderer.representation
         )
+        if self.source.change_dump:  # packaged now: release() forgets the entries
+            made = changedump.package(self.source, collection, state)
+            self._packages.setdefault(collection.name, []).append(made)
+            etag, until = f'"{made.sha256[:40]}"', made.until
+            self._closed[self.layout.path(made.loc)] = Representation(
+                made.body, etag, until, http_date(until), changedump.ZIP_TYPE
+            )
         self.source.release(collection, state.number)
         self._open[collection.name] = _ChangeListBytes(state.number + 1)
 
@@ -376,6 +387,8 @@ class Site:
                 return self.changelist_index(collection)
             if parts[1] == "resourcelist.xml":
                 return self.resource_list(collection, now, resourcelist_max_age)
+            if parts[1] == "changedump.xml" and self.source.change_dump:
+                return self.change_dump(collection)
             return None
         if len(parts) == 3:
             if parts[1] == "resources":
@@ -412,6 +425,17 @@ class Site:
             body, collection.open_changelist.from_, cached[1] if cached else None
         )
         self._index[collection.name] = (lists, rep)
+        return rep
+
+    def change_dump(self, collection: Collection) -> Representation:
+        """The Change Dump (``--change-dump``), rebuilt only when a package is added."""
+        packages, cached = self._packages.get(collection.name, []), self._dumps.get(collection.name)
+        if cached is not None and cached[0] == len(packages):
+            return cached[1]
+        modified = packages[-1].until if packages else collection.changelists[0].from_
+        body = sitemap.serialize(changedump.change_dump(collection, packages))
+        rep = Representation.document(body, modified, cached[1] if cached else None)
+        self._dumps[collection.name] = (len(packages), rep)
         return rep
 
     def resource_list(
@@ -486,6 +510,8 @@ class Site:
         layout = self.layout
         for c in self.source.collections:
             out[layout.path(layout.changelist_index(c.name))] = self.changelist_index(c)
+            if self.source.change_dump:
+                out[layout.path(layout.changedump(c.name))] = self.change_dump(c)
             open_url = layout.changelist(c.name, c.open_changelist.number)
             out[layout.path(open_url)] = self.open_changelist(c)
             cache = self._fresh_resource_list(c, now, resourcelist_max_age)

@@ -54,6 +54,14 @@ Spec versions
 The reference client ``resync`` 2.0.1 defaults to 1.1 and, in that mode,
 refuses an incremental sync over entries without ``datetime``, while 1.0
 readers only look at ``<lastmod>``: writing both serves both.
+
+Why one module of ~700 lines: it is one deterministic state machine.  The
+change generator and the document builders read and move the same state (the
+collections, the one random generator, the datetime floor, the open Change
+Lists), and the guarantees above -- same seed, same changes; strictly
+increasing datetimes; contiguous Change Lists; a snapshot that every later
+change is after -- each span both sides.  Resource content is
+:mod:`.payload`; turning the documents into served bytes is :mod:`.site`.
 """
 
 from __future__ import annotations
@@ -67,7 +75,7 @@ from urllib.parse import urlsplit
 
 from .. import w3cdt
 from ..collection import collection_id
-from ..errors import RsNotifyError
+from ..errors import SimulatorError as SimulatorError  # re-exported: its old home
 from ..model import Capability, ChangeType, Document, Entry, Link, Root, make_document
 from . import payload
 from .payload import Fixity
@@ -76,10 +84,6 @@ MICROSECOND = timedelta(microseconds=1)
 SPEC_VERSIONS = ("1.0", "1.1")
 DEFAULT_CHANGELIST_SIZE = 1000
 MAX_COLLECTIONS = 1000
-
-
-class SimulatorError(RsNotifyError):
-    """A simulator option or control request was refused (bad value, conflicting flags)."""
 
 
 # --- configuration values ----------------------------------------------------
@@ -193,6 +197,12 @@ class Layout:
 
     def resource(self, collection: str, name: str) -> str:
         return f"{self.base_url}{collection}/resources/{name}"
+
+    def changedump(self, collection: str) -> str:
+        return f"{self.base_url}{collection}/changedump.xml"
+
+    def changedump_package(self, collection: str, number: int) -> str:
+        return f"{self.base_url}{collection}/changedump/{number:06d}.zip"
 
 
 # --- state -------------------------------------------------------------------
@@ -366,6 +376,7 @@ class Source:
         hubs: Sequence[str] = (),
         large_every: int = 0,
         large_bytes: int = 0,
+        change_dump: bool = False,
     ) -> None:
         if not 1 <= collections <= MAX_COLLECTIONS:
             raise SimulatorError(f"collections must be 1..{MAX_COLLECTIONS}, got {collections}")
@@ -395,6 +406,7 @@ class Source:
         self.payload_bytes = payload_bytes
         self.large_every = large_every
         self.large_bytes = large_bytes
+        self.change_dump = change_dump  # the Capability List lists a Change Dump (.changedump)
         self.seed = seed
         self.weights = weights or Weights()
         self.spec_version = spec_version
@@ -614,6 +626,10 @@ class Source:
             Entry(loc=layout.resource_list(collection.name), capability=Capability.RESOURCELIST),
             Entry(loc=layout.changelist_index(collection.name), capability=Capability.CHANGELIST),
         ]
+        if self.change_dump:
+            entries.append(
+                Entry(loc=layout.changedump(collection.name), capability=Capability.CHANGEDUMP)
+            )
         for template in self.hubs:
             href = template.replace("{collection}", collection.name).replace("{id}", cid)
             if urlsplit(href).scheme in ("http", "https"):

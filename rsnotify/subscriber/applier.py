@@ -43,7 +43,7 @@ the failure is expected (the Source has moved on), and catching up after a
 long outage would otherwise spend most of its time in backoff.  Hooks do not
 run for a superseded change; they run for the change that replaces it.
 
-Why one module of ~670 lines: per-resource ordering (the chains), the
+Why one module of ~720 lines: per-resource ordering (the chains), the
 decision flow of one change and its reporting share the same state (what is
 queued per ``loc``), and splitting them spread one invariant over several
 files.  The pure rules are in :mod:`.rules`, the I/O with the Source in
@@ -190,11 +190,14 @@ class Applier:
         collection: str | None = None,
         reuse: bool = False,
         unordered: bool = False,
+        body: bytes | None = None,
     ) -> asyncio.Future[Outcome]:
         """Queue ``change``; it runs after every earlier submitted change of its ``loc``.
 
         ``confirmed=False`` marks a change nobody vouched for (pushed without a
-        signature): see the module docstring.  Raises :class:`InvalidChange` at
+        signature): see the module docstring.  ``body``: the change's bytes at
+        hand (a Change Dump package), written instead of a fetch if they verify
+        against the change (:meth:`.transfer.Transfer.fetch`).  Raises :class:`InvalidChange` at
         once for an unusable object.  The returned future holds the
         :class:`Outcome` (or a local failure).
         """
@@ -211,14 +214,18 @@ class Applier:
             return self._submit_record(view, change)
         previous = self._tails.get(view.loc)
         self._queued.setdefault(view.loc, []).append(view.datetime)
-        task = asyncio.get_running_loop().create_task(self._after(previous, view, change))
+        task = asyncio.get_running_loop().create_task(self._after(previous, view, change, body))
         self._tails[view.loc] = task
         self._pending.add(task)
         task.add_done_callback(functools.partial(self._finished, view))
         return task
 
     async def _after(
-        self, previous: asyncio.Task[Outcome] | None, view: ChangeView, change: Any
+        self,
+        previous: asyncio.Task[Outcome] | None,
+        view: ChangeView,
+        change: Any,
+        body: bytes | None = None,
     ) -> Outcome:
         if previous is not None and not previous.done():
             # Its result or failure is its submitter's; this change only waits.
@@ -230,7 +237,7 @@ class Applier:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # this change is cancelled itself
-        return await self._apply(view, change, functools.partial(self._newer_queued, view))
+        return await self._apply(view, change, functools.partial(self._newer_queued, view), body)
 
     async def settle_many(self, changes: list[Any]) -> list[bool]:
         """Which of ``changes`` (read from the Source's Change Lists) need no work at all.
@@ -275,6 +282,35 @@ class Applier:
         if rows:
             await self.resources.record_rows(rows)
         return settled
+
+    async def supersede_many(self, changes: list[Any]) -> None:
+        """Record ``changes`` as superseded, in one transaction, with no task or fetch each.
+
+        For a walk of the Change Lists that holds a later change of each of
+        these resources, submitted right after: :meth:`_apply` would only find
+        that newer change queued and record :attr:`Outcome.SUPERSEDED` (no
+        fetch, no hook), one task, state read, log line and transaction per
+        change, which after a long outage was most of a catch-up's cost.
+        Created/updated changes only (a deletion still deletes), never in
+        ``metadata_only`` (every change is recorded there).
+        """
+        rows: list[tuple[tuple[Any, ...], int]] = []
+        for change in changes:
+            view = read_change(change, max_skew=self.max_skew)
+            if self.metadata_only or view.change is ChangeType.DELETED:
+                raise ValueError(f"{view.loc}: only created/updated changes are superseded")
+            row = self.resources.row(
+                view.loc,
+                view.change,
+                view.datetime,
+                outcome=Outcome.SUPERSEDED,
+                seq=view.seq,
+                detail="a newer change of the same walk is queued",
+            )
+            rows.append((row, KEEP))
+        if rows:
+            await self.resources.record_rows(rows)
+            log.info("%d change(s) superseded by newer ones of the same walk", len(rows))
 
     def _submit_record(self, view: ChangeView, change: Any) -> asyncio.Future[Outcome]:
         """metadata_only: queue for the batch recorder instead of a task per change.
@@ -472,7 +508,9 @@ class Applier:
             return Outcome.SKIPPED_ALREADY_APPLIED
         return None
 
-    async def _apply(self, view: ChangeView, change: Any, superseded: Any) -> Outcome:
+    async def _apply(
+        self, view: ChangeView, change: Any, superseded: Any, body: bytes | None = None
+    ) -> Outcome:
         path, refusal = self._vet(view)
         if refusal is not None:
             return await self._report(view, change, refusal)
@@ -557,6 +595,7 @@ class Applier:
             superseded,
             unless_sha256=state.sha256 if recheck == "provisional" and state else None,
             only_if_current=recheck == "back-dated",
+            packaged=body,
         )
         if isinstance(result, Failure):
             return await self._report(view, change, result)

@@ -18,8 +18,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from ..errors import RsNotifyError
+from ..errors import AlreadyRunning as AlreadyRunning  # re-exported: its old home
 from ..sqlitedb import SQLiteWorker
 from ..tracker import Checkpoint
 
@@ -42,10 +43,6 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
-class AlreadyRunning(RsNotifyError):
-    """Another subscriber holds the lock on this mirror's state."""
-
-
 @dataclass(frozen=True, slots=True)
 class Cursor:
     collection: str
@@ -53,6 +50,16 @@ class Cursor:
     last_seq: int | None
     checkpoint: Checkpoint
     baseline_done: bool
+
+
+class Cursors(Protocol):
+    """Where a collection's cursor is kept: :class:`CursorStore` (SQLite, the
+    default) or ``redis_cursor.RedisCursorStore`` (``--redis``); all a
+    collection's sync needs of either."""
+
+    async def get(self, collection: str) -> Cursor | None: ...
+
+    async def put(self, cursor: Cursor) -> None: ...
 
 
 class StateLock:

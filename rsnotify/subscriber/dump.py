@@ -35,22 +35,24 @@ from datetime import datetime
 from pathlib import Path
 
 from .. import sitemap
-from ..errors import DocumentError, FetchError, RsNotifyError
+from ..errors import DocumentError, FetchError, UnusableDump
 from ..fetch import Fetcher
 from ..model import Capability, Entry, parse_hashes
 from .applier import Applier, Outcome
 
-__all__ = ["DumpResult", "UnusableDump", "apply_resource_dump"]
+__all__ = [
+    "DumpResult",
+    "UnusableDump",
+    "apply_resource_dump",
+    "download_package",
+    "read_manifest",
+]
 
 log = logging.getLogger("rsnotify.subscribe")
 
 CHUNK = 64 * 1024
 MANIFEST_NAME = "manifest.xml"
 DEFAULT_MAX_PACKAGE_BYTES = 64 << 30
-
-
-class UnusableDump(RsNotifyError):
-    """The Resource Dump cannot serve as a baseline (the Resource List is used instead)."""
 
 
 @dataclass(slots=True)
@@ -63,14 +65,18 @@ class DumpResult:
     incomplete: bool = False  # a package could not be used: complete from the Resource List
 
 
-async def _download(
+async def download_package(
     fetcher: Fetcher,
     package: Entry,
     directory: Path,
     max_bytes: int,
     allowed_origins: Collection[str] | None,
 ) -> Path:
-    """Stream a package to a temp file, checking its advertised length and hashes."""
+    """Stream a package to a temp file, checking its advertised length and hashes.
+
+    Shared with the Change Dump catch-up (:mod:`.changedump`); ``package`` is
+    the dump's entry for it (``loc``, ``length``, ``hash``).
+    """
     expected = parse_hashes(package.hash)
     known = (("md5", "md5"), ("sha-256", "sha256"))
     hashers = {algo: hashlib.new(name) for algo, name in known if algo in expected}
@@ -91,14 +97,19 @@ async def _download(
             raise UnusableDump(f"{package.loc}: {size} bytes, advertised {package.length}")
         for algo, hasher in hashers.items():
             if hasher.hexdigest() != expected[algo].lower():
-                raise UnusableDump(f"{package.loc}: {algo} does not match the Resource Dump")
+                raise UnusableDump(f"{package.loc}: {algo} does not match the dump's hash")
         return Path(name)
     except BaseException:
         os.unlink(name)
         raise
 
 
-def _read_manifest(archive: zipfile.ZipFile, package: str) -> list[Entry]:
+def read_manifest(
+    archive: zipfile.ZipFile,
+    package: str,
+    capability: Capability = Capability.RESOURCEDUMP_MANIFEST,
+) -> list[Entry]:
+    """The entries of the package's top-level ``manifest.xml`` (sections 11.2 and 13.1.1)."""
     try:
         info = archive.getinfo(MANIFEST_NAME)
     except KeyError:
@@ -108,8 +119,8 @@ def _read_manifest(archive: zipfile.ZipFile, package: str) -> list[Entry]:
     with archive.open(info) as handle:
         body = handle.read(sitemap.MAX_DOCUMENT_BYTES + 1)
     document = sitemap.parse(body)
-    if document.capability != Capability.RESOURCEDUMP_MANIFEST:
-        raise UnusableDump(f"{package}: {MANIFEST_NAME} is not a Resource Dump Manifest")
+    if document.capability != capability:
+        raise UnusableDump(f"{package}: {MANIFEST_NAME} is not a {capability} document")
     return list(document.entries)
 
 
@@ -161,7 +172,7 @@ async def apply_resource_dump(
     for package in dump.entries:
         try:
             # Packages come from the Source's origins only, like the resources.
-            temp = await _download(
+            temp = await download_package(
                 fetcher, package, workdir, max_package_bytes, applier.allowed_origins
             )
         except (FetchError, UnusableDump, OSError) as exc:
@@ -179,7 +190,7 @@ async def apply_resource_dump(
                 continue
             with archive:
                 try:
-                    entries = _read_manifest(archive, package.loc)
+                    entries = read_manifest(archive, package.loc)
                 except (zipfile.BadZipFile, OSError, DocumentError, UnusableDump) as exc:
                     log.warning("Resource Dump package %s not used: %s", package.loc, exc)
                     result.incomplete = True

@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# Any (strict module): a hook is any sync or async callable, and the hooks any object
+# or mapping with these names (duck-typed on purpose: see the class docstring).
+
 __all__ = ["Hooks", "call_hook"]
 
 log = logging.getLogger("rsnotify.subscribe")

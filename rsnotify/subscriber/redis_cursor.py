@@ -26,15 +26,16 @@ import logging
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .. import redisurl
 from ..backoff import Backoff
 from ..cancellation import raise_if_cancelled
-from ..errors import RsNotifyError
+from ..errors import CursorStoreUnavailable
 from ..tracker import Checkpoint
 from .cursor import Cursor
 
@@ -43,10 +44,6 @@ __all__ = ["MAX_EVENTS", "CursorStoreUnavailable", "RedisCursorStore", "destinat
 MAX_EVENTS = 1_000
 
 log = logging.getLogger("rsnotify.subscribe")
-
-
-class CursorStoreUnavailable(RsNotifyError):
-    """Redis holding the cursors cannot be reached or refused a command."""
 
 
 def destination_id(into: str | Path, name: str | None = None) -> str:
@@ -69,11 +66,12 @@ class RedisCursorStore:
         tag = "{" + destination + "}"
         self._cursors_key = f"rsn:dest:{tag}:cursors"
         self._events_key = f"rsn:dest:{tag}:events"
-        self._redis = aioredis.Redis.from_url(
+        self._redis = redisurl.client(
             url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
 
-    async def _call(self, awaitable):  # type: ignore[no-untyped-def]
+    # Any: redis-py types each asyncio command's result as "Awaitable[Any] | Any".
+    async def _call(self, awaitable: Any) -> Any:
         try:
             return await awaitable
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:

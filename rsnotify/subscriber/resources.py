@@ -20,9 +20,10 @@ why a resource is missing or stale; tests use it to prove that no resource was
 ever overwritten by an older version.
 
 SQLite in WAL mode with ``synchronous=FULL``: a recorded apply survives
-``kill -9`` and a power cut.  Every call runs on one worker thread (the
-connection's owner), so the event loop never waits on an fsync.  Times are
-stored as integer microseconds since the epoch so comparisons are exact.
+``kill -9`` and a power cut.  Every call runs on one worker thread (a
+:class:`~rsnotify.sqlitedb.SQLiteWorker`), so the event loop never waits on an
+fsync.  Times are stored as integer microseconds since the epoch so
+comparisons are exact.
 
 A catch-up submits tens of thousands of changes at once, and a thread round
 trip per question would dominate it.  So writes are group-committed, reads
@@ -31,22 +32,32 @@ in a bounded write-through cache.  The cache is coherent because the store is
 the only writer of its file (one subscriber per DIR, enforced by a lock) and
 it is updated only after a commit, with the same "never backwards" rule the
 database applies.
+
+Why one module of ~620 lines: it is one store, and its parts keep one
+invariant together -- the cache never disagrees with the database.  The
+group commit, the batched reads, the write-through cache and the worker
+thread that owns the connection share the same queues, and the cache takes a
+write only once it is committed and only if the database's "never backwards"
+rule let it change the state (:meth:`ResourceStore._remember_write`); split
+apart, that coherence would rest on callers.  The rules about *which* change
+may be applied are not here: they are :mod:`.rules` and :mod:`.trust`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt  # for classes with a field named datetime
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import RsNotifyError
+from ..errors import ResourceStoreError
 from ..model import ChangeType
+from ..sqlitedb import SQLiteWorker, StoreUnavailable
 
 __all__ = [
     "APPLY",
@@ -100,10 +111,6 @@ APPLY = 1  # the change is now the state of its loc (moving forward only)
 CONFIRM = 2  # the Source's Change List lists the change a provisional state holds
 
 
-class ResourceStoreError(RsNotifyError):
-    """The resource store cannot be read or written (locked, disk full, corrupt)."""
-
-
 @dataclass(frozen=True, slots=True)
 class ResourceState:
     """The newest change of one ``loc`` applied to the mirror.
@@ -116,11 +123,11 @@ class ResourceState:
 
     loc: str
     change: ChangeType
-    datetime: datetime
+    datetime: dt.datetime
     seq: int | None
     sha256: str | None
     length: int | None
-    applied_at: datetime
+    applied_at: dt.datetime
     confirmed: bool = True
 
 
@@ -131,9 +138,9 @@ class ApplyRecord:
     id: int
     loc: str
     change: ChangeType
-    datetime: datetime
+    datetime: dt.datetime
     seq: int | None
-    applied_at: datetime
+    applied_at: dt.datetime
     sha256: str | None
     length: int | None
     outcome: str
@@ -172,8 +179,6 @@ class ResourceStore:
 
     def __init__(self, path: str | Path, *, cache_size: int = CACHE_SIZE) -> None:
         self.path = Path(path)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsnotify-resources")
-        self._db: sqlite3.Connection | None = None
         self._queue: list[tuple[tuple[Any, ...], int, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
         # loc -> state (None: known absent); most recently used last.
@@ -182,42 +187,28 @@ class ResourceStore:
         self._reads: dict[str, list[asyncio.Future[ResourceState | None]]] = {}
         self._reader: asyncio.Task[None] | None = None
         try:
-            self._executor.submit(self._open).result()
+            self._sql = SQLiteWorker(
+                path, _SCHEMA, migrate=_migrate, thread_name="rsnotify-resources"
+            )
         except sqlite3.Error as exc:
-            self._executor.shutdown(wait=False)
             raise ResourceStoreError(f"resource store {self.path}: {exc}") from None
 
-    def _open(self) -> None:
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA busy_timeout=5000")
-            db.executescript(_SCHEMA)
-            _migrate(db)
-        except BaseException:
-            db.close()
-            raise
-        self._db = db
-
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._db is None:
-            raise ResourceStoreError(f"resource store {self.path} is closed")
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, fn, *args)
-        except sqlite3.Error as exc:
+            return await self._sql.run(fn, *args)
+        except StoreUnavailable as exc:  # locked, disk I/O error, disk full, closed
+            raise ResourceStoreError(f"resource store {exc}") from None
+        except sqlite3.Error as exc:  # corrupt, or any other refusal: unusable all the same
             raise ResourceStoreError(f"resource store {self.path}: {exc}") from None
 
     # -- worker-thread functions --------------------------------------------------
 
     def _get_many(self, locs: list[str]) -> dict[str, ResourceState]:
-        assert self._db is not None
         found: dict[str, ResourceState] = {}
         for start in range(0, len(locs), _READ_CHUNK):
             chunk = locs[start : start + _READ_CHUNK]
             marks = ",".join("?" * len(chunk))
-            for loc, change, when, seq, sha256, length, applied, confirmed in self._db.execute(
+            for loc, change, when, seq, sha256, length, applied, confirmed in self._sql.db.execute(
                 "SELECT loc, change, datetime_us, seq, sha256, length, applied_us, confirmed "
                 f"FROM resources WHERE loc IN ({marks})",
                 chunk,
@@ -236,8 +227,7 @@ class ResourceStore:
 
     def _record_many(self, batch: list[tuple[tuple[Any, ...], int]]) -> list[bool]:
         """Write a batch of rows in one transaction: one fsync for all of them."""
-        db = self._db
-        assert db is not None
+        db = self._sql.db
         results: list[bool] = []
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -381,7 +371,6 @@ class ResourceStore:
                         future.set_result(state)
 
     def _log(self, loc: str | None, limit: int | None) -> list[ApplyRecord]:
-        assert self._db is not None
         query = (
             "SELECT id, loc, change, datetime_us, seq, applied_us, sha256, length, outcome, "
             "detail, confirmed FROM apply_log"
@@ -408,12 +397,11 @@ class ResourceStore:
                 detail=row[9],
                 confirmed=bool(row[10]),
             )
-            for row in self._db.execute(query, args)
+            for row in self._sql.db.execute(query, args)
         ]
 
     def _count(self) -> int:
-        assert self._db is not None
-        return int(self._db.execute("SELECT COUNT(*) FROM resources").fetchone()[0])
+        return int(self._sql.db.execute("SELECT COUNT(*) FROM resources").fetchone()[0])
 
     # -- the interface ------------------------------------------------------------
 
@@ -423,7 +411,7 @@ class ResourceStore:
         if loc in cache:
             cache.move_to_end(loc)
             return cache[loc]
-        if self._db is None:
+        if self._sql.closed:
             raise ResourceStoreError(f"resource store {self.path} is closed")
         future: asyncio.Future[ResourceState | None] = asyncio.get_running_loop().create_future()
         self._reads.setdefault(loc, []).append(future)
@@ -586,12 +574,11 @@ class ResourceStore:
         )
 
     def _held(self, collection: str, before_us: int, unknown_too: bool) -> list[str]:
-        assert self._db is not None
         query = (
             "SELECT loc FROM resources WHERE change != 'deleted' AND datetime_us < ? "
             "AND (collection = ?" + (" OR collection IS NULL)" if unknown_too else ")")
         )
-        return [row[0] for row in self._db.execute(query, (before_us, collection))]
+        return [row[0] for row in self._sql.db.execute(query, (before_us, collection))]
 
     async def held(
         self, collection: str, *, before: datetime, unknown_too: bool = False
@@ -622,7 +609,4 @@ class ResourceStore:
         if self._reader is not None and not self._reader.done():
             await self._reader
         self._cache.clear()
-        if self._db is not None:
-            db, self._db = self._db, None
-            await asyncio.get_running_loop().run_in_executor(self._executor, db.close)
-        self._executor.shutdown(wait=True)
+        await self._sql.close()

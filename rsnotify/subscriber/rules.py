@@ -16,21 +16,26 @@ The outcomes (:class:`Outcome`) are what the apply log records.
 
 from __future__ import annotations
 
+import datetime as dt  # for classes with a field named datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from ..errors import FetchError, RsNotifyError
+from ..errors import AlreadyHeld, FetchError, InvalidChange
 from ..fetch import OriginNotAllowed, ResponseTooLarge
 from ..model import ChangeType, parse_hashes
 from .mirror import FixityMismatch, PathConflict, UnsafePath
 from .resources import ResourceState
 from .trust import beyond_skew
 
+# Any (strict module): read_change takes any object with loc/change/datetime
+# attributes (model.Entry, envelope.Notification) and checks each at run time.
+
 __all__ = [
     "DONE_OUTCOMES",
+    "AlreadyHeld",
     "ChangeView",
     "Failure",
     "InvalidChange",
@@ -48,10 +53,6 @@ OUTDATED_DELETE = "the Source still serves it: a newer change than this deletion
 OUTDATED_BYTES = "the Source serves what the mirror already holds from a newer change"
 NOT_SERVED = "the Source does not serve this older change now"
 SAME_BYTES = "older, and the mirror already holds its bytes"
-
-
-class InvalidChange(RsNotifyError):
-    """An object handed to the applier lacks a usable loc, change or datetime."""
 
 
 class Outcome(StrEnum):
@@ -102,7 +103,7 @@ class ChangeView:
 
     loc: str
     change: ChangeType
-    datetime: datetime
+    datetime: dt.datetime
     seq: int | None
     hashes: dict[str, str]
     length: int | None
@@ -119,7 +120,7 @@ class ChangeView:
     unordered: bool = False
 
     @property
-    def identity(self) -> tuple[str, datetime, ChangeType]:
+    def identity(self) -> tuple[str, dt.datetime, ChangeType]:
         return (self.loc, self.datetime, self.change)
 
 
@@ -136,7 +137,8 @@ def read_change(
     if not isinstance(loc, str) or not loc:
         raise InvalidChange(f"change without a loc: {obj!r:.200}")
     try:
-        kind = ChangeType(getattr(obj, "change", None))
+        # Whatever the object holds: a value that is no change type is the ValueError.
+        kind = ChangeType(getattr(obj, "change", None))  # type: ignore[arg-type]
     except ValueError:
         raise InvalidChange(f"{loc}: change is not created, updated or deleted") from None
     when = getattr(obj, "change_time", None)  # model.Entry: rs:md datetime, else lastmod
@@ -251,10 +253,6 @@ def to_recheck(state: ResourceState | None, change: ChangeView, max_skew: float)
     if change.datetime < state.datetime and doubtful(state, change):
         return "back-dated"
     return None
-
-
-class AlreadyHeld(Exception):
-    """The Source serves exactly the bytes the mirror holds (see ``unless_sha256``)."""
 
 
 @dataclass(frozen=True, slots=True)

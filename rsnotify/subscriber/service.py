@@ -4,25 +4,37 @@ Start-up order matters and is the same every time (see :mod:`.sync`):
 discover the Source and its channels, take the state lock, open channels
 (so notifications start queueing), then per collection baseline if needed,
 catch up from the Change List Index, and consume the queue live.
+
+Why one module of ~520 lines: it is the composition root, and the order
+above is its content: each step needs what the one before opened (the lock
+before the mirror, channels before catch-up, engines before telemetry), and
+stopping undoes them in reverse.  What each step does lives elsewhere:
+discovery in :mod:`rsnotify.discovery`, channels in :mod:`.channels`, the
+engine in :mod:`.sync`, the mirror in :mod:`.mirror`, metrics in :mod:`.telemetry`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shlex
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+from aiohttp import web
 
 from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
+from ..changes.access import HttpAccess
+from ..changes.watcher import CollectionWatcher
 from ..collection import collection_id
 from ..envelope import Notification
 from ..errors import RsNotifyError, listening
@@ -30,14 +42,12 @@ from ..fetch import Fetcher, origin_of
 from ..httppolicy import HttpPolicy
 from ..metrics import metrics_app, serve
 from ..model import Capability
-from ..publisher.access import HttpAccess
-from ..publisher.watcher import CollectionWatcher
 from ..report import SubscriberReporter
 from ..tracker import Checkpoint
 from ..transport.topics import prefix_of
 from .applier import Applier, Hooks
-from .baseline import baseline
-from .channels import MqttChannel, WebSocketChannel, client_tls_context
+from .baseline import BaselineSummary, baseline
+from .channels import MqttChannel, Sink, WebSocketChannel, client_tls_context
 from .cursor import CursorStore, StateLock
 from .gaps import GapDetector
 from .mirror import Mirror
@@ -48,6 +58,9 @@ from .resources import ResourceStore
 from .sync import CollectionSync
 from .telemetry import SubscriberMetrics
 from .trust import DEFAULT_MAX_SKEW
+
+if TYPE_CHECKING:  # the types only: .websub is imported when --via websub asks for it
+    from .websub import CallbackServer, WebSubChannel
 
 log = logging.getLogger("rsnotify.subscribe")
 
@@ -63,7 +76,7 @@ class SubscriberConfig:
     topic_prefix: str | None = None
     concurrency: int = 16
     metadata_only: bool = False
-    spare_inodes: bool = True  # reuse retired inodes (rsnotify.spare); off: a new one per write
+    spare_inodes: bool = False  # --spare-inodes: reuse retired inodes (rsnotify.spare)
     once: bool = False
     heartbeat_timeout: float = 30.0
     safety_poll: float = 300.0
@@ -109,6 +122,8 @@ class _CommandHooks(Hooks):
         super().__init__(self._run, self._run, self._run)
         self.argv = shlex.split(command)
 
+    # Any: the change as submitted to the Applier (an Entry, a Notification's
+    # change, any object with a loc), read by attribute as rules.read_change does.
     async def _run(self, change: Any, path: Path) -> None:
         env = dict(os.environ)
         env.update(
@@ -138,6 +153,12 @@ def channel_kind(via: str) -> str:
     )
 
 
+def _applied_seq_of(engine: CollectionSync) -> Callable[[], int | None]:
+    """Where a WebSocket channel resumes from: the engine's last applied seq, read
+    at each (re)connect, so a reconnect does not replay what was applied meanwhile."""
+    return lambda: engine.applied_seq
+
+
 class Subscriber:
     def __init__(self, config: SubscriberConfig) -> None:
         self.config = config
@@ -146,14 +167,15 @@ class Subscriber:
         self.engines: dict[str, CollectionSync] = {}
         self._lock = StateLock(self.state_dir)
         self._mirror_lock: MirrorLock | None = None
+        self._mirror: Mirror | None = None
         self._fetcher: Fetcher | None = None
         self._cursors: CursorStore | RedisCursorStore | None = None
         self._resources: ResourceStore | None = None
-        self._channels: list[Any] = []
-        self._callbacks: Any = None  # the WebSub CallbackServer, when --via websub
+        self._channels: list[MqttChannel | WebSocketChannel | WebSubChannel] = []
+        self._callbacks: CallbackServer | None = None  # when --via websub
         self._tasks: list[asyncio.Task[None]] = []
         self._event_tasks: set[asyncio.Task[None]] = set()
-        self._metrics_runner: Any = None
+        self._metrics_runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
         self.stopping = asyncio.Event()
 
@@ -189,11 +211,12 @@ class Subscriber:
             self._lock.acquire()
         except OSError as exc:
             raise RsNotifyError(f"state directory {self.state_dir}: {exc.strerror}") from None
-        # Retired inodes wait in the state directory, beside the mirror and
-        # (by default) on its filesystem, never inside the mirror itself: a
-        # web server publishing the mirror must not serve old versions.
+        # With --spare-inodes, retired inodes wait in the state directory,
+        # beside the mirror and (by default) on its filesystem, never inside
+        # the mirror itself: a web server publishing it must not serve old
+        # versions.  Without, files are replaced by plain renames.
         spare_dir = self.state_dir / "spare" if config.spare_inodes else None
-        mirror = Mirror(config.into, spare_dir=spare_dir)
+        mirror = self._mirror = Mirror(config.into, spare_dir=spare_dir)
         removed = mirror.cleanup_temp()
         if removed:
             log.info("removed %d temporary file(s) left by an interrupted write", removed)
@@ -228,7 +251,7 @@ class Subscriber:
             retries=config.retries,
             max_skew=config.max_skew,
         )
-        mqtt_sinks: dict[str, Any] = {}
+        mqtt_sinks: dict[str, Sink] = {}
         mqtt_url: str | None = None
         wanted = set(config.collections)
         for cap in info.capability_lists:
@@ -264,6 +287,8 @@ class Subscriber:
                 on_event=self._event_recorder(cid),
                 resourcelist_url=cap.capabilities.get(Capability.RESOURCELIST),
                 resourcedump_url=cap.capabilities.get(Capability.RESOURCEDUMP),
+                changedump_url=cap.capabilities.get(Capability.CHANGEDUMP),
+                workdir=self.state_dir,
                 max_skew=config.max_skew,
                 degraded_after=config.degraded_after,
                 degraded_poll=config.degraded_poll,
@@ -292,16 +317,16 @@ class Subscriber:
                 self._channels.append(self._websub_channel(cap, cid, hub, engine))
                 self.metrics.transport.labels(cid).info({"transport": "websub"})
             elif channel_kind(hub) == "ws":
-                channel = WebSocketChannel(
+                ws_channel = WebSocketChannel(
                     hub,
                     cid,
                     engine.offer,
-                    since=lambda e=engine: e.applied_seq,
+                    since=_applied_seq_of(engine),
                     token=config.ws_token,
                     ssl_context=client_tls_context(config.ws_tls_ca) if config.ws_tls_ca else None,
                 )
-                engine.replay = channel.replay
-                self._channels.append(channel)
+                engine.replay = ws_channel.replay
+                self._channels.append(ws_channel)
                 self.metrics.transport.labels(cid).info({"transport": "websocket"})
             else:
                 mqtt_url = mqtt_url or hub
@@ -359,8 +384,13 @@ class Subscriber:
         )
 
     def _websub_channel(
-        self, cap: Any, cid: str, via: str, engine: CollectionSync, framework: bool = False
-    ) -> Any:
+        self,
+        cap: discovery.CapabilityListInfo,
+        cid: str,
+        via: str,
+        engine: CollectionSync,
+        framework: bool = False,
+    ) -> WebSubChannel:
         """A WebSub subscription for one collection's change (or framework) topic
         (wiring; see :mod:`.websub`)."""
         from .websub import CallbackServer, WebSubChannel, load_secret, websub_target
@@ -386,13 +416,13 @@ class Subscriber:
             framework_topic=framework,
         )
 
-    def _telemetry(self, collection: str):  # type: ignore[no-untyped-def]
+    def _telemetry(self, collection: str) -> Callable[[Notification, float, float], None]:
         def on_applied(n: Notification, received: float, applied: float) -> None:
             self.metrics.observe(collection, n, received, applied)
 
         return on_applied
 
-    def _event_recorder(self, collection: str):  # type: ignore[no-untyped-def]
+    def _event_recorder(self, collection: str) -> Callable[[str, str, dict[str, Any]], None]:
         def on_event(kind: str, detail: str, data: dict[str, Any]) -> None:
             self.metrics.event(collection, kind)
             if self._cursors is not None:
@@ -406,7 +436,7 @@ class Subscriber:
 
         return on_event
 
-    async def _baseline_for(self, engine: CollectionSync) -> Any:
+    async def _baseline_for(self, engine: CollectionSync) -> BaselineSummary | None:
         url, dump = engine.resourcelist_url, engine.resourcedump_url
         if url is None and dump is None:
             log.warning("%s: no Resource List; starting from the Change Lists", engine.collection)
@@ -429,7 +459,7 @@ class Subscriber:
         backoff = Backoff(maximum=30.0)
         while True:
             try:
-                await engine.start(lambda e=engine: self._baseline_for(e))
+                await engine.start(functools.partial(self._baseline_for, engine))
                 self.metrics.state(engine.collection, "live")
                 print(f"rsnotify subscribe: {engine.collection}: live", flush=True)
                 await engine.run()
@@ -451,7 +481,7 @@ class Subscriber:
     async def run_once(self) -> int:
         """Catch every collection up to the Source's current state, then return."""
         for engine in self.engines.values():
-            await engine.start(lambda e=engine: self._baseline_for(e))
+            await engine.start(functools.partial(self._baseline_for, engine))
             await engine.close()
             print(
                 f"rsnotify subscribe: {engine.collection}: up to date "
@@ -487,6 +517,9 @@ class Subscriber:
             await self._cursors.close()
         if self._resources is not None:
             await self._resources.close()
+        if self._mirror is not None:  # its writer threads, once the last write is done
+            await self._mirror.settle()
+            self._mirror.close()
         self._lock.release()
         if self._mirror_lock is not None:
             self._mirror_lock.release()

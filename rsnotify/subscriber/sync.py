@@ -37,7 +37,8 @@ Change Lists) reads and moves the same few positions (the trusted Change List
 position, the submitted frontier, the sequence count, the push mode).  The
 pure decisions it delegates live beside it: :mod:`.gaps` (sequence and
 interval gaps), :mod:`.trust` (what push may move), :mod:`.pushhealth` (push
-or poll), :mod:`.rules` (what to do with one change).
+or poll), :mod:`.rules` (what to do with one change), :mod:`.changedump`
+(a catch-up's bytes from the Source's Change Dump packages).
 """
 
 from __future__ import annotations
@@ -45,24 +46,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import tempfile
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, cast
 
 from .. import envelope, framework
 from ..backoff import Backoff
+from ..changes.watcher import CollectionWatcher, CoverageHole
 from ..envelope import InvalidNotification, Notification
 from ..errors import DocumentError, FetchError, RsNotifyError
 from ..model import ChangeType, Entry, sort_chronologically
-from ..publisher.watcher import CollectionWatcher, CoverageHole
 from ..tracker import Checkpoint, Known
 from ..w3cdt import format as format_datetime
+from . import changedump
 from . import events as ev
 from .applier import Applier, Outcome
-from .cursor import Cursor, CursorStore
+from .cursor import Cursor, Cursors
 from .gaps import Gap, GapDetector, Verdict
 from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL, PushHealth, Transition
 from .trust import DEFAULT_DOUBT_INTERVAL, DEFAULT_MAX_SKEW, DoubtLimiter, SeqMemory, beyond_skew
@@ -85,6 +89,7 @@ QUEUE_SIZE = 10_000
 # 10,000 is still 40 s of a 250/s collection, far more than the fetch
 # concurrency can use, so a subscriber that keeps up never meets it.
 MAX_IN_FLIGHT = 10_000
+_TICK = timedelta(microseconds=1)
 CATCH_UP_PASSES = 3  # reads of the Change Lists per catch-up (see _walk_change_lists)
 SAVE_INTERVAL = 1.0  # seconds between cursor writes while changes keep coming
 CATCH_UP_ATTEMPTS = 5  # reads of the Change Lists before a catch-up gives up
@@ -118,8 +123,21 @@ class SyncStats:
     mode: str = "push"  # push, or polling while the push channel is down
     mode_reason: str = ""  # why (the channel's last word)
     doubts: int = 0  # untrusted input that disagreed with the Source (each settled by a walk)
+    dump_packages: int = 0  # Change Dump packages downloaded by catch-ups
+    dump_bodies: int = 0  # changes whose bytes came from them (see .changedump)
     last_gap: dict[str, Any] = field(default_factory=dict)
     state: str = "starting"  # starting, baseline, catching-up, live
+
+
+@dataclass(slots=True)
+class _Found:
+    """The entries of one Change List read by a walk, and which need no work."""
+
+    changelist: str
+    unordered: bool
+    entries: list[Entry]
+    settled: list[bool]
+    superseded: list[bool] = field(default_factory=list)  # by a later entry of the walk
 
 
 def _entry_of(n: Notification) -> Entry:
@@ -136,7 +154,7 @@ class CollectionSync:
         capability_list: str,
         watcher: CollectionWatcher,
         applier: Applier,
-        cursors: CursorStore,
+        cursors: Cursors,
         detector: GapDetector,
         keys: Mapping[str, bytes] | None = None,
         replay: Callable[[int | None], Awaitable[int]] | None = None,
@@ -144,6 +162,8 @@ class CollectionSync:
         on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
         resourcelist_url: str | None = None,
         resourcedump_url: str | None = None,
+        changedump_url: str | None = None,
+        workdir: Path | None = None,
         tick: float = 0.5,
         max_skew: float = DEFAULT_MAX_SKEW,
         max_in_flight: int = MAX_IN_FLIGHT,
@@ -183,6 +203,8 @@ class CollectionSync:
         self.sole_collection = False
         self.resourcelist_url = resourcelist_url
         self.resourcedump_url = resourcedump_url
+        self.changedump_url = changedump_url  # catch-ups take bytes from it (.changedump)
+        self.workdir = workdir or Path(tempfile.gettempdir())  # where packages are downloaded
         self.queue: asyncio.Queue[ev.Event] = asyncio.Queue(queue_size)
         self._overflowed = False  # an Overflow is queued: drop events until it is read
         self.stats = SyncStats()
@@ -268,7 +290,14 @@ class CollectionSync:
     # -- the ordered pipeline ------------------------------------------------------------
 
     def _submit(
-        self, entry: Entry, changelist: str, *, unordered: bool = False, settled: bool = False
+        self,
+        entry: Entry,
+        changelist: str,
+        *,
+        unordered: bool = False,
+        settled: bool = False,
+        superseded: bool = False,
+        body: bytes | None = None,
     ) -> None:
         """Apply a Change List entry read from the Source, moving the position over it.
 
@@ -276,17 +305,26 @@ class CollectionSync:
         applier asks the Source where a change time would otherwise decide.
         ``settled``: the mirror already holds exactly this change (push applied
         it): only the position moves (:meth:`Applier.settle_many`).
+        ``superseded``: recorded as such already (:meth:`_supersede`): only
+        the position moves, and it counts as applied, as the applier's
+        superseded outcome does.  ``body``: its bytes from a Change Dump
+        package (:meth:`_packaged`).
         """
         if not self._submitted.is_new(entry):
             self.stats.skipped += 1
             self._pending.append(_Pending(None, None, None))
         else:
             self._submitted = self._submitted.advance(entry, changelist)
-            if settled:
-                self.stats.skipped += 1
+            if settled or superseded:
+                if superseded:
+                    self.stats.applied += 1
+                else:
+                    self.stats.skipped += 1
                 self._pending.append(_Pending(None, None, self._submitted))
             else:
-                future = self.applier.submit(entry, collection=self.collection, unordered=unordered)
+                future = self.applier.submit(
+                    entry, collection=self.collection, unordered=unordered, body=body
+                )
                 self._pending.append(_Pending(future, None, self._submitted))
         self._wake.set()
 
@@ -473,6 +511,7 @@ class CollectionSync:
                     result = await self.watcher.poll()
                     if not result.count:
                         break
+                    batch: list[_Found] = []
                     for found in result.detections:
                         # In change-time order (stable): a list read out of order
                         # (--lenient order, the default here) is applied as if the
@@ -480,10 +519,24 @@ class CollectionSync:
                         unordered = found.changelist in self.watcher.unordered_lists
                         entries = sort_chronologically(found.entries)
                         settled = await self.applier.settle_many(entries)
-                        for entry, done in zip(entries, settled, strict=True):
-                            if len(self._pending) >= self.max_in_flight:
-                                await self._wait_for_room()
-                            self._submit(entry, found.changelist, unordered=unordered, settled=done)
+                        batch.append(_Found(found.changelist, unordered, entries, settled))
+                    if len(self._pending) >= self.max_in_flight:
+                        # Before the batch, not inside it: all of it is queued
+                        # before any of it runs (superseding), so a walk may
+                        # pass the cap by one batch.
+                        await self._wait_for_room()
+                    await self._supersede(batch)
+                    bodies = await self._packaged(batch)
+                    for item in batch:  # no await: all queued before any runs (superseding)
+                        for entry, done, over in zip(
+                            item.entries, item.settled, item.superseded, strict=True
+                        ):
+                            key = changedump.key_of(entry) if bodies else None
+                            body = bodies.get(key) if key is not None else None
+                            self._submit(
+                                entry, item.changelist, unordered=item.unordered,
+                                settled=done, superseded=over, body=body,
+                            )  # fmt: skip
                             applied += 0 if done else 1
                     self.watcher.commit(result.checkpoint)
                 if wait:
@@ -508,6 +561,76 @@ class CollectionSync:
                     extra={"collection": self.collection},
                 )
                 await asyncio.sleep(delay)
+
+    async def _supersede(self, batch: list[_Found]) -> None:
+        """Mark the walk's created/updated changes that a later one of the walk supersedes.
+
+        The applier would record each as superseded anyway (the later change
+        is queued behind it, :meth:`Applier._newer_queued`); recorded here in
+        one transaction (:meth:`Applier.supersede_many`), they cost no task.
+        Only from lists read in order: out of order, a later time is not a
+        later change.  Not in metadata-only mode, where every change is recorded.
+        """
+        for item in batch:
+            item.superseded = [False] * len(item.entries)
+        if self.applier.metadata_only or any(item.unordered for item in batch):
+            return
+        latest: dict[str, datetime] = {}  # loc -> its latest change time in the walk
+        for item in batch:
+            for entry in item.entries:
+                when = entry.change_time
+                if when is not None and when > latest.get(entry.loc, when - _TICK):
+                    latest[entry.loc] = when
+        doomed: list[Entry] = []
+        for item in batch:
+            for i, entry in enumerate(item.entries):
+                when = entry.change_time
+                if (
+                    when is not None
+                    and when < latest[entry.loc]  # strictly: as Applier._newer_queued
+                    and not item.settled[i]
+                    and entry.change is not ChangeType.DELETED
+                    and self._submitted.is_new(entry)
+                ):
+                    item.superseded[i] = True
+                    doomed.append(entry)
+        await self.applier.supersede_many(doomed)
+
+    async def _packaged(self, batch: list[_Found]) -> dict[changedump.Key, bytes]:
+        """Bytes for the walk's changes from the Source's Change Dump, if it has one.
+
+        Only for the last change of each resource in the walk (the applier
+        supersedes the earlier ones without a fetch), from lists read in
+        order, and only when there are enough of them (:mod:`.changedump`).
+        """
+        if self.changedump_url is None or self.applier.metadata_only:
+            return {}
+        last: dict[str, Entry] = {}
+        for item in batch:
+            for entry, done, over in zip(item.entries, item.settled, item.superseded, strict=True):
+                if done or over:
+                    continue
+                last.pop(entry.loc, None)  # re-inserted: dict order is change order
+                if not item.unordered:
+                    last[entry.loc] = entry
+        wanted = [e for e in last.values() if e.change is not ChangeType.DELETED]
+        packaged = await changedump.bodies_from_change_dump(
+            self.applier.fetcher,
+            self.changedump_url,
+            wanted,
+            workdir=self.workdir,
+            allowed_origins=self.applier.allowed_origins,
+        )
+        self.stats.dump_packages += packaged.packages
+        self.stats.dump_bodies += len(packaged.bodies)
+        if packaged.packages:
+            self._event(
+                "change-dump",
+                f"{len(packaged.bodies)} of {len(wanted)} bodies from {packaged.packages} "
+                f"Change Dump package(s), {packaged.package_bytes} bytes",
+                {"bodies": len(packaged.bodies), "packages": packaged.packages},
+            )
+        return packaged.bodies
 
     def _fresh_checkpoint(self, at: datetime | None) -> Checkpoint:
         """The position right after a baseline taken at ``at``.
@@ -799,9 +922,10 @@ class CollectionSync:
         if beyond_skew(n.datetime, datetime.now(UTC), self.max_skew):
             self._refuse_future(n)  # not counted: its number is as unproven as its date
             return
-        known = self._seqs.seen(n.seq, n.identity)
-        clash = self._seqs.remember(n.seq, n.identity)
-        verdict, gap = self.detector.on_notification(n.seq, prev)
+        seq = cast(int, n.seq)  # a change of a sequenced batch (see _on_message)
+        known = self._seqs.seen(seq, n.identity)
+        clash = self._seqs.remember(seq, n.identity)
+        verdict, gap = self.detector.on_notification(seq, prev)
         if clash is not None:
             self._doubt(
                 "conflict",
@@ -812,7 +936,7 @@ class CollectionSync:
             if known:
                 self.stats.duplicates += 1
                 return
-            self.detector.rewind(n.seq)
+            self.detector.rewind(seq)
         elif verdict is Verdict.GAP and gap is not None:
             self._doubt("gap", gap.reason)
         self._submit_pushed(n)

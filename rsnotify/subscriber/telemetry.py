@@ -18,11 +18,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from ..envelope import Notification
 from ..metrics import LATENCY_BUCKETS
 
+# Any (strict module): prometheus_client's labelled children, of several metric types.
+
 
 class SubscriberMetrics:
     def __init__(self, subscriber: str) -> None:
         self.subscriber = subscriber
         self._by_collection: dict[str, tuple[Any, ...]] = {}
+        self._polling: set[str] = set()  # collections in degraded mode (polling)
         self.registry = CollectorRegistry()
         r = self.registry
         labels = ["collection", "subscriber"]
@@ -111,13 +114,26 @@ class SubscriberMetrics:
         lag.set(max(0.0, time.time() - changed))
 
     def event(self, collection: str, kind: str) -> None:
+        """Count an engine event and keep ``live``/``polling`` in step with the engine's state.
+
+        ``live`` is 1 only on push: a gap drops it, a catch-up or replay
+        restores it unless the collection is polling (degraded mode), where
+        it stays 0 until push is back and its catch-up ends.
+        """
         self.events.labels(collection, self.subscriber, kind).inc()
+        live = self.state_info.labels(collection, self.subscriber)
         if kind == "gap":
-            self.state_info.labels(collection, self.subscriber).set(0)
+            live.set(0)
         elif kind in ("catch-up", "replay"):
-            self.state_info.labels(collection, self.subscriber).set(1)
+            live.set(0 if collection in self._polling else 1)
         elif kind in ("polling", "push"):  # degraded mode entered or left (sync._report_mode)
+            if kind == "polling":
+                self._polling.add(collection)
+                live.set(0)
+            else:
+                self._polling.discard(collection)
             self.mode.labels(collection, self.subscriber).set(1 if kind == "polling" else 0)
 
     def state(self, collection: str, state: str) -> None:
-        self.state_info.labels(collection, self.subscriber).set(1 if state == "live" else 0)
+        live = state == "live" and collection not in self._polling
+        self.state_info.labels(collection, self.subscriber).set(1 if live else 0)

@@ -86,6 +86,8 @@ from ..transport import websubproto as proto
 from ..transport.websubguard import quote
 from . import events as ev
 
+# Any (strict module): websub_target reads any Capability List-like object (.url, .links).
+
 log = logging.getLogger("rsnotify.subscribe")
 
 Sink = Callable[[ev.Event], None]

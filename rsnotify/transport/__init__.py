@@ -7,9 +7,12 @@ A broker outage therefore only delays pushes; after a crash or a reconnect
 the transport resends from its cursor, so Destinations may see a sequence
 number twice (they deduplicate) but never miss one.
 
-* :mod:`.mqtt` -- MQTT 5 (3.1.1 fallback) through paho-mqtt, QoS 1, in order.
-* :mod:`.mqttlink` -- the connection loop every MQTT client shares (fallback,
-  backoff, state); :mod:`.mqttproblems` -- its one-line errors.
+* :mod:`.mqtt` -- MQTT 5 (3.1.1 fallback) through paho-mqtt, QoS 1, in order:
+  the pusher, driving :mod:`.mqttwindow` (its pure delivery window) and
+  :mod:`.mqttmessage` (what each PUBLISH carries).
+* :mod:`.mqttlink` -- the paho bridge every MQTT client shares (connection
+  loop, fallback, backoff, state, subscribe and publish, the thread hop of
+  :mod:`.handoff`); :mod:`.mqttproblems` -- its one-line errors.
 * :mod:`.mqttsig` -- the signature trailer of MQTT 3.1.1 payloads.
 * :mod:`.topics` -- broker-safe topic names.
 * :mod:`.mqtturl` -- parsing ``mqtt://`` / ``mqtts://`` broker URLs.
@@ -17,12 +20,6 @@ number twice (they deduplicate) but never miss one.
 
 from __future__ import annotations
 
-from ..errors import RsNotifyError
+from ..errors import InvalidBrokerURL, TransportError
 
-
-class TransportError(RsNotifyError):
-    """A push transport was misconfigured or cannot do what it was asked."""
-
-
-class InvalidBrokerURL(TransportError):
-    """A broker URL that rsnotify cannot connect to (wrong scheme, bad port, stray path)."""
+__all__ = ["InvalidBrokerURL", "TransportError"]

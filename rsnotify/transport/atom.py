@@ -139,7 +139,8 @@ def render_feed(
     hub_url: str,
 ) -> bytes:
     """One feed document: ``records`` are the retained seqs of ``window``, oldest first."""
-    feed = etree.Element(_A + "feed", nsmap={None: ATOM_NS, "fh": HISTORY_NS})
+    # None: the default namespace, as lxml spells it (lxml-stubs allows str keys only).
+    feed = etree.Element(_A + "feed", nsmap={None: ATOM_NS, "fh": HISTORY_NS})  # type: ignore[dict-item]
     _text(feed, "id", f"{capability_list}#rsnotify-feed")
     title = f"Changes to {collection}"
     if not window.current:

@@ -1,9 +1,9 @@
-"""Keep one MQTT connection up: the one connection loop of every rsnotify MQTT client.
+"""The paho bridge: one MQTT connection, its thread, and its events on the asyncio loop.
 
-The publisher's pusher (and the ``--mqtt-only`` gateway, the same pusher),
-the subscriber's channel and the dashboard's head reader each own a
-:class:`BrokerLink`.  It does what all three need and none should write
-again:
+Every rsnotify MQTT client goes through a :class:`BrokerLink`: the
+publisher's pusher (and the ``--mqtt-only`` gateway, the same pusher), the
+subscriber's channel and the dashboard's head reader.  It does what all
+three need and none should write again:
 
 * **a fresh paho client per attempt** (``reconnect_on_failure=False``): the
   protocol version is fixed when a paho client is made, so falling back from
@@ -26,12 +26,21 @@ again:
 * **state for its owner**: :class:`LinkState` (``connected``, ``refused``,
   ``unreachable``, ``lost``) on the asyncio loop, with the reason line; the
   subscriber turns it into channel events, the pusher into its window.
-
-Threads: paho's network loop runs in its own thread (``loop_start``); the
-callbacks installed here only hand events to the asyncio loop with
-``call_soon_threadsafe``.  The owner installs its own message callbacks in
-``setup`` and may act in paho's thread at CONNACK (``on_connack``: subscribe,
-apply Receive Maximum) before the loop hears of the connection.
+* **the thread hop**: paho runs its network loop in a thread of its own
+  (``loop_start``).  Its callbacks never do work: each one hands its event
+  to the asyncio loop through one :class:`Handoff`, so the owner sees
+  CONNACKs, SUBACKs, PUBACKs, its own messages and disconnects on the loop,
+  in the order paho saw them, and needs no locks.
+* **publish and subscribe**: :meth:`BrokerLink.subscribe` returns a future
+  that the SUBACK resolves; :meth:`BrokerLink.publish` hands one QoS 1
+  message to paho and returns its message id, and each PUBACK reaches the
+  owner's ``on_ack`` on the loop.  (Not a future per message: the pusher
+  books thousands of PUBACKs a second in batches, and a future's callbacks
+  would cost a loop turn each.)
+* **the in-flight limit**: ``max_inflight`` messages on the wire, lowered at
+  CONNACK to the broker's MQTT 5 Receive Maximum, and paho's own queue
+  capped at ``max_queued``.  Setting the limit at CONNACK needs a private
+  paho attribute (see :func:`_cap_inflight`); it is written nowhere else.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from ..backoff import Backoff
 from . import TransportError
 from . import mqttproblems as problems
+from .handoff import Handoff
 from .mqtturl import BrokerURL
 
 PROTOCOLS = {"auto": mqtt.MQTTv5, "5": mqtt.MQTTv5, "3.1.1": mqtt.MQTTv311}
@@ -66,6 +76,25 @@ def check_protocol(protocol: str) -> str:
     if protocol not in PROTOCOLS:
         raise TransportError(f"unknown MQTT protocol {protocol!r} (auto, 5 or 3.1.1)")
     return protocol
+
+
+def tls_context(
+    ca: str | None, cert: str | None, key: str | None, insecure: bool
+) -> ssl.SSLContext:
+    """The TLS context of an ``mqtts://`` client from its options (``tls=`` of a link)."""
+    if key is not None and cert is None:
+        raise TransportError("a TLS client key needs a client certificate (tls_cert)")
+    try:
+        context = ssl.create_default_context(cafile=ca)
+        if cert is not None:
+            context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise TransportError(f"cannot set up TLS: {exc}") from None
+    if insecure:
+        # Still verifies the certificate chain; only the host name check is off
+        # (paho's tls_insecure meaning), e.g. for a broker reached by IP.
+        context.check_hostname = False
+    return context
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +115,33 @@ class LinkStats:
     connections: int = 0
 
 
-Setup = Callable[[mqtt.Client, int], None]
-OnConnack = Callable[[mqtt.Client, int, Properties | None], None]
+#: A message received, in paho's thread: route it and :meth:`BrokerLink.post`, nothing more.
+OnMessage = Callable[[mqtt.MQTTMessage], None]
+#: ``on_ack(conn, mid, reason)``: a PUBACK, on the loop.
+OnAck = Callable[[int, int, ReasonCode], None]
 OnState = Callable[[LinkState], None]
+
+
+def _cap_inflight(client: mqtt.Client, window: int, props: Properties | None) -> int:
+    """Lower paho's in-flight limit to the broker's Receive Maximum; the limit in force.
+
+    MQTT 5 section 3.2.2.3.3: never more unacknowledged QoS 1 PUBLISHes than
+    the broker's Receive Maximum (Mosquitto says 20; brokers that enforce it
+    disconnect a client that sends more).  paho ignores it, and its public
+    setter (``max_inflight_messages_set``, the ``max_inflight_messages``
+    property) refuses any change once connected, for fear of a switch to or
+    from 0 ("unlimited"), which this never is.  So the attribute behind that
+    property is written directly, here in paho's thread at CONNACK, before
+    the owner can publish anything on this connection.  This is rsnotify's
+    only write to a private paho attribute: ``tests/test_paho_contract.py``
+    fails if paho renames it, and pyproject.toml pins paho-mqtt below 3.
+    MQTT 3.1.1 has no Receive Maximum: the window alone applies.
+    """
+    limit = getattr(props, "ReceiveMaximum", None) if props is not None else None
+    if isinstance(limit, int) and 0 < limit < window:
+        client._max_inflight_messages = limit
+        return limit
+    return window
 
 
 class BrokerLink:
@@ -115,8 +168,10 @@ class BrokerLink:
         reconnect_min: float = 0.25,
         reconnect_max: float = 30.0,
         stats: LinkStats | None = None,
-        setup: Setup | None = None,
-        on_connack: OnConnack | None = None,
+        max_inflight: int | None = None,
+        max_queued: int | None = None,
+        on_message: OnMessage | None = None,
+        on_ack: OnAck | None = None,
         on_state: OnState | None = None,
     ) -> None:
         self.broker = broker
@@ -129,8 +184,12 @@ class BrokerLink:
         self.session_expiry = session_expiry
         self.reconnect_min = reconnect_min
         self.reconnect_max = reconnect_max
-        self.setup = setup
-        self.on_connack = on_connack
+        self.max_inflight = max_inflight
+        self.max_queued = max_queued
+        # On the wire: min(max_inflight, the broker's Receive Maximum), once connected.
+        self.inflight_limit = max_inflight
+        self.on_message = on_message
+        self.on_ack = on_ack
         self.on_state = on_state
         self.context = problems.Context(broker, option, client_id)
         self.stats = stats if stats is not None else LinkStats()
@@ -138,11 +197,13 @@ class BrokerLink:
         self.conn = 0  # id of the current paho client; events of older ones are ignored
         self.connected = False
         self.state = LinkState("connecting")
-        self._client_protocol: int | None = None
-        self._worked: int | None = None  # the protocol of the last successful connection
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client_protocol: mqtt.MQTTProtocolVersion | None = None
+        # the protocol of the last successful connection
+        self._worked: mqtt.MQTTProtocolVersion | None = None
+        self._handoff = Handoff(logger)
         self._task: asyncio.Task[None] | None = None
         self._events: asyncio.Queue[tuple[int, str, ReasonCode | None, bool]] = asyncio.Queue()
+        self._subacks: dict[tuple[int, int], asyncio.Future[list[ReasonCode]]] = {}
 
     # -- what the owner reads ------------------------------------------------------
 
@@ -157,14 +218,14 @@ class BrokerLink:
 
     # -- the loop ----------------------------------------------------------------------
 
-    def _first_protocol(self) -> int:
+    def _first_protocol(self) -> mqtt.MQTTProtocolVersion:
         if self.protocol != "auto":
             return PROTOCOLS[self.protocol]
         return self._worked or mqtt.MQTTv5
 
     async def run(self) -> None:
         """Connect, wait for the connection to end, reconnect; forever (cancel to stop)."""
-        self._loop = asyncio.get_running_loop()
+        self._handoff.bind(asyncio.get_running_loop())
         backoff = Backoff(initial=self.reconnect_min, maximum=self.reconnect_max)
         protocol = self._first_protocol()
         fallback_logged = False
@@ -201,7 +262,7 @@ class BrokerLink:
                 )
             await asyncio.sleep(delay)
 
-    async def _attempt(self, protocol: int) -> problems.Problem | None:
+    async def _attempt(self, protocol: mqtt.MQTTProtocolVersion) -> problems.Problem | None:
         """One connection attempt: None once connected, else why not."""
         client, conn = self._new_client(protocol)
         old, self.client = self.client, client
@@ -212,7 +273,8 @@ class BrokerLink:
         if protocol == mqtt.MQTTv5:
             options["clean_start"] = self.session_expiry is None
             if self.session_expiry is not None:
-                props = Properties(PacketTypes.CONNECT)
+                # paho leaves Properties.__init__ unannotated.
+                props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
                 props.SessionExpiryInterval = self.session_expiry
                 options["properties"] = props
         try:
@@ -281,7 +343,7 @@ class BrokerLink:
 
     # -- paho clients ---------------------------------------------------------------------
 
-    def _new_client(self, protocol: int) -> tuple[mqtt.Client, int]:
+    def _new_client(self, protocol: mqtt.MQTTProtocolVersion) -> tuple[mqtt.Client, int]:
         self.conn += 1
         conn = self.conn
         v5 = protocol == mqtt.MQTTv5
@@ -299,37 +361,119 @@ class BrokerLink:
             client.tls_set_context(self.tls)
         client.connect_timeout = self.connect_timeout
 
-        def on_connect(c: mqtt.Client, _u: Any, flags: Any, reason: ReasonCode, props: Any) -> None:
-            if not reason.is_failure and self.on_connack is not None:
-                self.on_connack(c, conn, props)
+        if self.max_inflight is not None:
+            client.max_inflight_messages_set(self.max_inflight)  # until the CONNACK says less
+        if self.max_queued is not None:
+            # paho counts its in-flight messages in this cap too.
+            client.max_queued_messages_set(self.max_queued)
+        post = self._handoff.post
+        # paho's callback API version 2 (CallbackOn*_v2).  Any: userdata, flags and
+        # properties that go unused, and SUBACK reason codes passed on as they come.
+
+        def on_connect(
+            c: mqtt.Client,
+            _u: Any,
+            flags: mqtt.ConnectFlags,
+            reason: ReasonCode,
+            props: Properties | None,
+        ) -> None:
+            if not reason.is_failure and self.max_inflight is not None:
+                self.inflight_limit = _cap_inflight(c, self.max_inflight, props)
             session = bool(getattr(flags, "session_present", False))
-            self._post(conn, "connack", reason, session)
+            post(self._on_event, conn, "connack", reason, session)
 
         def on_disconnect(_c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Any) -> None:
-            self._post(conn, "disconnect", reason, False)
+            post(self._on_event, conn, "disconnect", reason, False)
+
+        def on_subscribe(_c: mqtt.Client, _u: Any, mid: int, reasons: Any, _p: Any) -> None:
+            post(self._on_suback, conn, mid, list(reasons))
 
         client.on_connect = on_connect
         client.on_disconnect = on_disconnect
-        if self.setup is not None:
-            self.setup(client, conn)
+        client.on_subscribe = on_subscribe
+        on_ack = self.on_ack
+        if on_ack is not None:
+
+            def on_publish(_c: mqtt.Client, _u: Any, mid: int, reason: ReasonCode, _p: Any) -> None:
+                post(on_ack, conn, mid, reason)
+
+            client.on_publish = on_publish
+        on_message = self.on_message
+        if on_message is not None:
+            client.on_message = lambda _c, _u, message: on_message(message)
         return client, conn
 
-    def _post(self, conn: int, kind: str, reason: ReasonCode | None, session: bool) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
-            loop.call_soon_threadsafe(self._on_event, conn, kind, reason, session)
+    def post(self, fn: Callable[..., None], *args: Any) -> None:
+        """From paho's thread: run ``fn(*args)`` on the loop, in order with every other event."""
+        self._handoff.post(fn, *args)
 
     def _on_event(self, conn: int, kind: str, reason: ReasonCode | None, session: bool) -> None:
         if conn == self.conn and kind == "disconnect" and self.connected:
             # At once, not when the run loop gets round to it: the owner must
             # stop handing messages to a dead client now.
             self.connected = False
+            self._fail_subacks(conn, "the connection was lost before the SUBACK")
             why = reason.getName() if reason is not None else "unknown"
             self.log.warning("MQTT: lost the connection to %s (%s)", self.broker.redacted(), why)
             self._report(LinkState("lost", why, conn, self.protocol_in_use))
         self._events.put_nowait((conn, kind, reason, session))
+
+    # -- publish and subscribe, on the loop --------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        retain: bool = False,
+        properties: Properties | None = None,
+    ) -> int | None:
+        """Hand one QoS 1 message to paho; its message id, or None if it was not taken.
+
+        None: no connection, or paho refused it (its queue is full, the
+        connection is going).  The PUBACK comes to ``on_ack`` with this id.
+        """
+        client = self.client
+        if client is None:
+            return None
+        info = client.publish(topic, payload, qos=1, retain=retain, properties=properties)
+        if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            self.log.debug(
+                "MQTT: paho refused a publish on %s: %s", topic, mqtt.error_string(info.rc)
+            )
+            return None
+        return info.mid
+
+    def subscribe(self, topics: list[tuple[str, int]]) -> asyncio.Future[list[ReasonCode]]:
+        """Subscribe on the current connection; the future holds the SUBACK's reason codes.
+
+        One reason code per topic, in order.  The future fails with
+        :class:`~rsnotify.transport.TransportError` if there is no connection,
+        paho refuses, or the connection ends before the SUBACK.
+        """
+        future: asyncio.Future[list[ReasonCode]] = asyncio.get_running_loop().create_future()
+        client = self.client
+        if client is None or not self.connected:
+            future.set_exception(TransportError("not connected"))
+            return future
+        rc, mid = client.subscribe(topics)
+        if rc != mqtt.MQTT_ERR_SUCCESS or mid is None:
+            future.set_exception(TransportError(f"paho refused: {mqtt.error_string(rc)}"))
+            return future
+        # The SUBACK cannot overtake this: paho's thread only posts it to this loop.
+        self._subacks[self.conn, mid] = future
+        return future
+
+    def _on_suback(self, conn: int, mid: int, reasons: list[ReasonCode]) -> None:
+        future = self._subacks.pop((conn, mid), None)
+        if future is not None and not future.done():
+            future.set_result(reasons)
+
+    def _fail_subacks(self, conn: int | None, why: str) -> None:
+        for key in [k for k in self._subacks if conn is None or k[0] == conn]:
+            future = self._subacks.pop(key)
+            if not future.done():
+                future.set_exception(TransportError(why))
 
     def start(self) -> None:
         """:meth:`run` in a task of its own, for owners with nothing else to run."""
@@ -348,6 +492,7 @@ class BrokerLink:
         """End the current connection (cleanly if possible) and paho's thread."""
         client, self.client = self.client, None
         self.connected = False
+        self._fail_subacks(None, "the connection was closed before the SUBACK")
         await self._close(client)
 
     async def _close(self, client: mqtt.Client | None) -> None:

@@ -27,16 +27,13 @@ import json
 import re
 
 from ..envelope import SIGNATURE_PROPERTY
+from ..errors import TrailerUnsupported
 
 _NAME = SIGNATURE_PROPERTY.encode()
 _JSON_TRAILER = re.compile(rb',"' + _NAME + rb'":("(?:[^"\\\x00-\x1f]|\\.){1,512}")\}[ \t\r\n]*\Z')
 _XML_TRAILER = re.compile(rb"<\?" + _NAME + rb" ([!-=@-~]{1,512})\?>[ \t\r\n]*\Z")
 _TAIL = 1200  # the trailer is shorter than this: search only the payload's end
 _XML_SAFE = re.compile(r"[!-=@-~]{1,512}")
-
-
-class TrailerUnsupported(ValueError):
-    """A payload or signature that cannot take a trailer (not JSON or XML, odd key id)."""
 
 
 def attach(payload: bytes, signature: str) -> bytes:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
-from . import InvalidBrokerURL
+from ..errors import InvalidBrokerURL as InvalidBrokerURL  # argtypes imports it from here
 
 DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883}
 

@@ -34,7 +34,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from . import TransportError
+from ..errors import InvalidTopic
 
 MAX_LEVEL = 64
 MAX_PREFIX_LEVELS = 4
@@ -46,10 +46,6 @@ _READABLE = 40  # characters of the folded id kept before the digest
 DIGEST_HEX = 16
 CHANGES = "changes"
 HEAD = "head"
-
-
-class InvalidTopic(TransportError):
-    """A topic prefix (or name) that some broker would refuse."""
 
 
 def check_prefix(prefix: str) -> str:

@@ -5,11 +5,19 @@ The protocol (URLs, headers, leases, ``gap_too_old``) is specified in
 this module is the aiohttp server and client around it.  It runs inside
 ``rsnotify publish --websub HOST:PORT``.
 
+Why one module of ~900 lines: it is one aiohttp application, the hub, whose
+request handlers (subscribe, publish, topics, feeds), lease reaper, cursor
+flusher and per-subscription delivery loops share the subscription table,
+the admission counts and the tailers.  Every decision that needs no socket
+is in :mod:`.websubproto`, the guards in :mod:`.websubguard`, persistence in
+:mod:`.websubstore`, Atom in :mod:`.atom` and the log tail in :mod:`.tail`.
+
 Everything comes from the log
     As with the WebSocket gateway, the hub never takes notifications from the
-    publisher in-process: per collection with subscribers, one tailer loops
-    on ``log.wait``, renders each record once as Change Notification XML and
-    keeps the last ``ring_size`` in a shared ring.  Subscriptions are
+    publisher in-process: per collection with subscribers, one tailer
+    (:mod:`.tail`, shared with the WebSocket gateway) loops on ``log.wait``,
+    renders each record once as Change Notification XML and keeps the last
+    ``ring_size`` in a shared ring.  Subscriptions are
     cursors into it.  What the ring holds is delivered even if the log has
     trimmed it since; ``rsnotify publish`` sizes the ring to at most the
     log's count retention, so "beyond retention" means what it says.
@@ -60,7 +68,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -74,6 +82,7 @@ from ..errors import RsNotifyError
 from ..log import LogRecord, LogUnavailable, NotificationLog
 from . import atom
 from . import websubproto as proto
+from .tail import LogTail
 from .websubguard import Admission, CallbackPolicy, FilteringResolver, quote, resolve_host
 from .websubproto import (
     Action,
@@ -90,7 +99,7 @@ logger = logging.getLogger(__name__)
 
 TAIL_BATCH = 500
 REPLAY_BATCH = 100
-WAIT_TIMEOUT = 2.0
+WAIT_TIMEOUT = 2.0  # longest wait of a caught-up delivery before it looks again
 REAP_INTERVAL = 0.25  # how often expired leases are looked for
 VERIFY_CONCURRENCY = 64  # verification GETs at once; the rest wait their turn
 MAX_REQUEST_BYTES = envelope.MAX_XML_PAYLOAD_BYTES  # a form, or a Source's notification
@@ -104,13 +113,7 @@ class _Gap:
     head: int
 
 
-class _Tailer:
-    def __init__(self, collection: str, position: int, capacity: int) -> None:
-        self.collection = collection
-        self.position = position
-        self.ring: deque[RenderedChange] = deque(maxlen=capacity)
-        self.subs: set[_Sub] = set()
-        self.task: asyncio.Task[None] | None = None
+_Tailer = LogTail[RenderedChange, "_Sub"]
 
 
 @dataclass(eq=False)
@@ -254,7 +257,10 @@ class WebSubHub:
             ),
             # Every connection to a callback resolves through the address policy.
             connector=aiohttp.TCPConnector(
-                limit=256, limit_per_host=0, resolver=FilteringResolver(self.policy)
+                limit=256,
+                limit_per_host=0,
+                # Duck-typed: resolve() and close() are all TCPConnector calls.
+                resolver=FilteringResolver(self.policy),  # type: ignore[arg-type]
             ),
         )
         with contextlib.suppress(LogUnavailable):
@@ -269,9 +275,9 @@ class WebSubHub:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        server = site._server
+        server = cast("asyncio.Server | None", site._server)  # typed as an AbstractServer
         if server is not None and getattr(server, "sockets", None):
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.port = server.sockets[0].getsockname()[1]
         now = time.time()
         for sub in await self.store.load():
             if sub.expired(now):
@@ -620,7 +626,7 @@ class WebSubHub:
         s = _Sub(sub, Delivery(sub.cursor, backoff_max=self.backoff_max))
         self._subs[sub.key] = s
         tailer = self._tailer(sub.collection, sub.cursor)
-        tailer.subs.add(s)
+        tailer.readers.add(s)
         s.task = asyncio.create_task(self._deliver_loop(s, tailer), name="rsnotify-websub-deliver")
 
     async def _remove(self, key: tuple[str, str], why: str) -> None:
@@ -632,8 +638,8 @@ class WebSubHub:
         self.admission.remove(s.sub.client, s.sub.callback)
         tailer = self._tailers.get(s.sub.collection)
         if tailer is not None:
-            tailer.subs.discard(s)
-            if not tailer.subs:  # nobody left to feed: stop reading the log
+            tailer.readers.discard(s)
+            if not tailer.readers:  # nobody left to feed: stop reading the log
                 del self._tailers[s.sub.collection]
                 if tailer.task is not None:
                     tailer.task.cancel()
@@ -678,48 +684,18 @@ class WebSubHub:
     def _tailer(self, collection: str, position: int) -> _Tailer:
         tailer = self._tailers.get(collection)
         if tailer is None:
-            tailer = _Tailer(collection, position, self.ring_size)
-            self._tailers[collection] = tailer
-            tailer.task = asyncio.create_task(
-                self._tail(tailer), name=f"rsnotify-websub-{collection}"
+            tailer = _Tailer(
+                self.log,
+                collection,
+                position,
+                self.ring_size,
+                lambda record, _read_at: self._render(collection, record),
+                batch=TAIL_BATCH,
+                recheck_head=True,
             )
+            self._tailers[collection] = tailer
+            tailer.task = asyncio.create_task(tailer.run(), name=f"rsnotify-websub-{collection}")
         return tailer
-
-    async def _tail(self, tailer: _Tailer) -> None:
-        delay = 0.1
-        while True:
-            raise_if_cancelled()
-            try:
-                records = await self.log.wait(
-                    tailer.collection, tailer.position, timeout=WAIT_TIMEOUT, limit=TAIL_BATCH
-                )
-                if not records:  # also learn a head that moved while nobody listened
-                    head = await self.log.head(tailer.collection)
-                    if head > tailer.position:
-                        records = await self.log.read(
-                            tailer.collection, tailer.position, limit=TAIL_BATCH
-                        )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("%s: cannot read the log: %s", tailer.collection, exc)
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, 5.0)
-                continue
-            delay = 0.1
-            if records:
-                self._advance(tailer, records)
-                for s in tailer.subs:
-                    s.wake.set()
-
-    def _advance(self, tailer: _Tailer, records: Sequence[LogRecord]) -> None:
-        for record in records:
-            if record.seq <= tailer.position:
-                continue
-            if record.seq != tailer.position + 1:
-                tailer.ring.clear()  # keep the ring dense
-            tailer.ring.append(self._render(tailer.collection, record))
-            tailer.position = record.seq
 
     def _render(self, collection: str, record: LogRecord) -> RenderedChange:
         return proto.render_record(collection, record)

@@ -36,10 +36,13 @@ import socket
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from . import TransportError
+from ..errors import CallbackRefused as CallbackRefused  # its old home
+
+if TYPE_CHECKING:
+    from aiohttp.abc import ResolveResult
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -52,10 +55,6 @@ def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
     if len(text) > limit:
         return repr(text[:limit]) + "..."
     return repr(text)
-
-
-class CallbackRefused(TransportError):
-    """A callback the hub may not call (the message says why)."""
 
 
 def _address(text: str) -> Address | None:
@@ -215,7 +214,7 @@ class FilteringResolver:
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[dict[str, Any]]:
+    ) -> list[ResolveResult]:
         found = await self._inner.resolve(host, port, family)
         if self.policy.host_allowed(host):
             return found

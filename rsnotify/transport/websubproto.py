@@ -102,10 +102,21 @@ Content distribution (WebSub section 7, ResourceSync Change Notification 4.3)
     the catch-up covers ``S+1 .. H``, and a callback that cannot keep up with
     a short retention is not sent one notice after another at its trailing
     edge.
+
+Why one module of ~640 lines: it is one protocol, both ends, and about a
+fifth of the file is the reference above.  The hub (:mod:`.websub`), the
+push to an external hub (:mod:`.websubpush`) and the subscriber's callback
+(:mod:`rsnotify.subscriber.websub`) all read and write its requests,
+verification URLs, headers, signatures, gap notices and batches through these
+functions, so both ends agree by construction and the whole protocol is
+tested without a socket.  What is not protocol is elsewhere: the hub's
+defences in :mod:`.websubguard`, its subscription store in
+:mod:`.websubstore`, the Atom feed in :mod:`.atom`.
 """
 
 from __future__ import annotations
 
+import datetime as dt  # for classes with a field named datetime
 import enum
 import hashlib
 import hmac
@@ -119,10 +130,11 @@ from urllib.parse import urlencode, urlsplit
 import orjson
 
 from .. import envelope, framework, w3cdt
+from ..backoff import Backoff
 from ..envelope import MAX_URI_CHARS
+from ..errors import RequestError as RequestError  # re-exported: its old home
 from ..errors import RsNotifyError
 from ..log import LogRecord
-from . import TransportError
 
 logger = logging.getLogger("rsnotify.transport.websub")
 
@@ -146,14 +158,6 @@ NOTIFICATION_TYPE = "application/xml"
 ATOM_TYPE = "application/atom+xml"
 GAP_TYPE = NOTIFICATION_TYPE  # WebSub 7: the topic's content type
 BACKOFF_MIN = 0.2
-
-
-class RequestError(TransportError):
-    """A subscription request the hub answers with ``400`` (the message says why)."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,12 +449,12 @@ class RenderedChange:
 
     seq: int
     fragment: bytes | None  # None: unrenderable (the hub sends a gap instead)
-    datetime: datetime | None = None
-    since: datetime | None = None
+    datetime: dt.datetime | None = None
+    since: dt.datetime | None = None
     record: LogRecord | None = None
 
     @property
-    def start(self) -> datetime | None:
+    def start(self) -> dt.datetime | None:
         return self.since if self.since is not None else self.datetime
 
 
@@ -608,9 +612,14 @@ class Delivery:
 
     def __init__(self, cursor: int, *, backoff_max: float = 30.0) -> None:
         self.cursor = cursor
-        self.failures = 0
         self.next_attempt = 0.0
         self.backoff_max = backoff_max
+        self._backoff = Backoff(initial=BACKOFF_MIN, maximum=backoff_max)
+
+    @property
+    def failures(self) -> int:
+        """Failed POSTs in a row."""
+        return self._backoff.attempts
 
     def plan(self, earliest: int, head: int) -> Action:
         """What to do next, given the log's retained range ``earliest..head``."""
@@ -622,7 +631,7 @@ class Delivery:
 
     def delivered(self, seq: int) -> None:
         self.cursor = max(self.cursor, seq)
-        self.failures = 0
+        self._backoff.reset()
         self.next_attempt = 0.0
 
     def gap_delivered(self, earliest: int, head: int) -> None:
@@ -631,9 +640,7 @@ class Delivery:
 
     def failed(self, now: float, jitter: float = 1.0) -> float:
         """Record a failed POST; returns the delay before retrying (``jitter`` in [0.5, 1])."""
-        ceiling = min(self.backoff_max, BACKOFF_MIN * 2.0**self.failures)
-        self.failures += 1
-        delay = ceiling * max(0.5, min(1.0, jitter))
+        delay = self._backoff.next(jitter)
         self.next_attempt = now + delay
         return delay
 

@@ -223,19 +223,18 @@ return 0
     def __init__(
         self, url: str, *, socket_timeout: float = 5.0, max_connections: int = MAX_CONNECTIONS
     ) -> None:
-        import redis.asyncio as aioredis
+        from .. import redisurl  # redis-py only when a Redis store is used
 
         self.url = url
         # A bounded pool that waits for a free connection (issue 22.2: a burst of
         # verifications opened connections until Redis said "Too many connections").
-        pool = aioredis.BlockingConnectionPool.from_url(
+        self._redis = redisurl.client(
             url,
             max_connections=max_connections,
-            timeout=socket_timeout,
+            pool_timeout=socket_timeout,
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout,
         )
-        self._redis = aioredis.Redis(connection_pool=pool)
         self._advance = self._redis.register_script(self._ADVANCE)
 
     async def _call(self, coro: Any) -> Any:

@@ -1,5 +1,12 @@
 """WebSocket transport: a gateway that tails the notification log and fans out to clients.
 
+Why one module of ~720 lines: it is one class, the gateway, whose admission
+(slots per address), client handlers, replays, pacing and memory release
+share the connection set, the tailers and one event loop's timing; the wire
+protocol is :mod:`.wsproto` (pure), the log tail :mod:`.tail` and rendering
+:mod:`rsnotify.outbound`, so what is left here is the asyncio and
+``websockets`` flow between them.
+
 The wire protocol (URLs, frames, close codes, what ``prev`` and ``skipped``
 promise) is specified in :mod:`.wsproto`; this module is the I/O around it,
 built on the asyncio API of ``websockets``.
@@ -12,7 +19,7 @@ Everything comes from the log
     picked up from ``log.collections()`` (periodically, and at once when a
     client asks for one this gateway has not heard of yet).
 
-One tailer per collection
+One tailer per collection (:mod:`.tail`, shared with the WebSub hub)
     For each collection with clients, one task loops on ``log.wait``,
     renders each record once (:func:`rsnotify.outbound.render`: stamp,
     encode, sign) and keeps the last ``queue_size`` rendered records in a
@@ -76,11 +83,9 @@ import hmac
 import ipaddress
 import logging
 import os
-import random
 import socket
 import ssl
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -91,11 +96,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from .. import outbound
-from ..cancellation import raise_if_cancelled
 from ..errors import RsNotifyError
 from ..log import LogRecord, LogUnavailable, NotificationLog
 from ..outbound import Signer
 from . import wsproto
+from .tail import LogTail
 from .wsproto import InvalidSubscription, SendCursor
 
 logger = logging.getLogger(__name__)
@@ -107,10 +112,6 @@ TAIL_BATCH = 500
 REPLAY_BATCH = 100
 #: Frames one client sends for one collection before the others get a turn.
 PUMP_BUDGET = 64
-#: Longest ``log.wait``; also how soon an idle tailer notices it has no clients.
-WAIT_TIMEOUT = 2.0
-BACKOFF_MIN = 0.1
-BACKOFF_MAX = 5.0
 #: How long a tailer whose ring is full waits for its fastest client to make
 #: room, and how recent that client's progress must be to be waited for.
 PACE_GRACE = 0.5
@@ -133,31 +134,18 @@ class _Item:
     read_at: float = 0.0  # loop time the tailer read it (0: read for a replay)
 
 
-class _Tailer:
-    """The live feed of one collection in one gateway: position, ring, subscribers."""
+class _Tailer(LogTail[_Item, "_Client"]):
+    """The live feed of one collection (:class:`~.tail.LogTail`), paced to its fastest client."""
 
-    def __init__(self, collection: str, position: int, capacity: int) -> None:
-        self.collection = collection
-        self.position = position  # last seq read from the log
-        self.ring: deque[_Item] = deque(maxlen=capacity)  # dense seqs, ending at position
-        self.clients: set[_Client] = set()
-        self.healthy = True
-        self.task: asyncio.Task[None] | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # LogTail's parameters
+        super().__init__(*args, **kwargs)
         self.progress = asyncio.Event()  # set when a client sent frames from the ring
-        self.announced = position  # last seq reported to on_published
+        self.announced = self.position  # last seq reported to on_published
         self.progressed = 0.0  # loop time of that
-
-    @property
-    def window_start(self) -> int:
-        """The oldest seq still in memory (``position + 1`` when the ring is empty)."""
-        return self.ring[0].seq if self.ring else self.position + 1
-
-    def item(self, seq: int) -> _Item:
-        return self.ring[seq - self.ring[0].seq]
 
     def fastest(self) -> int | None:
         """The furthest position any client of this tailer has sent up to."""
-        positions = [s.cursor.position for c in self.clients for s in c.streams if s.tailer is self]
+        positions = [s.cursor.position for c in self.readers for s in c.streams if s.tailer is self]
         return max(positions, default=None)
 
 
@@ -440,7 +428,7 @@ class WebSocketGateway:
             pass
         finally:
             for stream in client.streams:
-                stream.tailer.clients.discard(client)
+                stream.tailer.readers.discard(client)
             self._connections.discard(ws)
             self._client_count_changed()
             # A handler may end after its TCP connection is gone: wait for it too.
@@ -501,7 +489,7 @@ class WebSocketGateway:
             await client.ws.send(wsproto.gap_too_old(collection, since, earliest, capability_list))
             start = head
         tailer = self._tailer(collection, head)
-        tailer.clients.add(client)  # no await since _tailer(): an idle tailer cannot slip away
+        tailer.readers.add(client)  # no await since _tailer(): an idle tailer cannot slip away
         client.streams.append(_Stream(SendCursor(collection, filters, start, start), tailer))
 
     async def _run(self, client: _Client) -> None:
@@ -607,39 +595,22 @@ class WebSocketGateway:
     def _tailer(self, collection: str, head: int) -> _Tailer:
         tailer = self._tailers.get(collection)
         if tailer is None:
-            tailer = _Tailer(collection, head, self.queue_size)
+            tailer = _Tailer(
+                self.log,
+                collection,
+                head,
+                self.queue_size,
+                lambda record, read_at: self._render(collection, record, read_at),
+                batch=min(TAIL_BATCH, self.queue_size),
+            )
             self._tailers[collection] = tailer
             tailer.task = asyncio.create_task(self._tail(tailer), name=f"rsnotify-ws-{collection}")
         return tailer
 
     async def _tail(self, tailer: _Tailer) -> None:
-        collection = tailer.collection
-        batch = min(TAIL_BATCH, self.queue_size)
-        delay = BACKOFF_MIN
-        while tailer.clients:
-            raise_if_cancelled()
-            await self._make_room(tailer, batch)
-            try:
-                records = await self.log.wait(
-                    collection, tailer.position, timeout=WAIT_TIMEOUT, limit=batch
-                )
-            except Exception as exc:  # the tailer must outlive any log trouble
-                if tailer.healthy:
-                    logger.warning("%s: cannot read the log: %s", collection, exc)
-                tailer.healthy = False
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, BACKOFF_MAX)
-                continue
-            if not tailer.healthy:
-                logger.info("%s: reading the log again", collection)
-            tailer.healthy = True
-            delay = BACKOFF_MIN
-            if records:
-                self._advance(tailer, records)
-                for client in tailer.clients:
-                    client.wake.set()
-        if self._tailers.get(collection) is tailer:
-            del self._tailers[collection]
+        await tailer.run(pace=lambda: self._make_room(tailer, tailer.batch))
+        if self._tailers.get(tailer.collection) is tailer:
+            del self._tailers[tailer.collection]
 
     async def _make_room(self, tailer: _Tailer, batch: int) -> None:
         """Hold the tailer while reading on would push its fastest client out of the ring.
@@ -653,7 +624,7 @@ class WebSocketGateway:
         the others back, and they get ``skipped`` as before.
         """
         loop = asyncio.get_running_loop()
-        while tailer.clients:
+        while tailer.readers:
             fastest = tailer.fastest()
             if fastest is None or tailer.position + batch - fastest <= self.queue_size:
                 return
@@ -665,16 +636,6 @@ class WebSocketGateway:
                     await tailer.progress.wait()
             except TimeoutError:
                 return
-
-    def _advance(self, tailer: _Tailer, records: Sequence[LogRecord]) -> None:
-        now = asyncio.get_running_loop().time()
-        for record in records:
-            if record.seq <= tailer.position:
-                continue
-            if record.seq != tailer.position + 1:
-                tailer.ring.clear()  # trimmed before we read them: keep the ring dense
-            tailer.ring.append(self._render(tailer.collection, record, now))
-            tailer.position = record.seq
 
     def _render(self, collection: str, record: LogRecord, read_at: float = 0.0) -> _Item:
         try:

@@ -85,12 +85,21 @@ A client checks continuity per collection with one number, ``last``: set it
 to ``since`` (or ``hello.head``; after ``gap_too_old``, ``hello.head``); each
 notification must have ``prev == last`` (then ``last = seq``); each
 ``skipped`` must have ``from == last + 1`` (then ``last = resume - 1``).
+
+Why one module of ~630 lines: it is one wire format, both ends -- the
+gateway's frame builders and the client's frame readers next to each other,
+with the send cursor that makes ``prev`` chain -- and about a sixth of the
+file is the protocol reference above.  What is not wire format is elsewhere:
+the connections in :mod:`.ws`, the payload rendering in
+:mod:`rsnotify.outbound`, the subscriber's connection in
+:mod:`rsnotify.subscriber.channels` and its continuity checks in
+:mod:`rsnotify.subscriber.gaps`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -102,8 +111,10 @@ from .. import outbound, w3cdt
 from ..collection import is_valid_collection_id
 from ..envelope import MAX_URI_CHARS, InvalidNotification
 from ..errors import InvalidDatetime
+from ..errors import InvalidSubscription as InvalidSubscription  # re-exported: its old home
 from ..model import ChangeType
-from . import TransportError
+
+# Any (strict module): decoded JSON frames (orjson.loads), checked key by key below.
 
 #: Largest server frame a client should accept (websockets ``max_size``): a
 #: 64 KiB payload JSON-escaped, plus the frame's own fields.
@@ -124,16 +135,6 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_INTERNAL_ERROR = 1011
 CLOSE_TRY_AGAIN_LATER = 1013
-
-
-class InvalidSubscription(TransportError):
-    """A client asked for something the gateway will not serve; ``code`` goes in the error frame."""
-
-    def __init__(self, code: str, message: str, *, collection: str | None = None) -> None:
-        self.code = code
-        self.message = message
-        self.collection = collection
-        super().__init__(f"{code}: {message}")
 
 
 # --- what a client asks for (parsed by the gateway) ----------------------------
@@ -563,7 +564,7 @@ def _error(obj: Mapping[str, Any]) -> Error:
     return Error(_str(obj, "code"), _str(obj, "message", optional=True) or "", collection)
 
 
-_PARSERS = {
+_PARSERS: dict[str, Callable[[Mapping[str, Any]], Frame]] = {
     "hello": _hello,
     "notification": _notification,
     "skipped": _skipped,

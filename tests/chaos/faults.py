@@ -22,8 +22,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rsnotify.devstack import wait_for
 from rsnotify.subscriber.mirror import TEMP_PREFIX
+from tests.devstack import wait_for
 
 from . import netns
 from .stack import SUBSCRIBERS, Stack, StackOptions

@@ -26,7 +26,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rsnotify.devstack import wait_for
+from tests.devstack import wait_for
 
 from .faults import FULL, SHORT, Context, Scenario, Timing
 from .stack import Stack

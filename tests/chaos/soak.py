@@ -55,7 +55,7 @@ from typing import Any
 import psutil
 
 from rsnotify import memtrace
-from rsnotify.devstack import ManagedProcess
+from tests.devstack import ManagedProcess
 
 from .stack import Stack, StackOptions
 from .wspool import percentiles

@@ -31,8 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from rsnotify import w3cdt
-from rsnotify.demo import mirror_differences
-from rsnotify.devstack import (
+from rsnotify.log.redis_log import RedisLog
+from rsnotify.subscriber.mirror import TEMP_PREFIX
+from rsnotify.subscriber.resources import ApplyRecord
+from rsnotify.subscriber.service import default_state_dir
+from tests.devstack import (
     ManagedProcess,
     Mosquitto,
     Redis,
@@ -40,10 +43,7 @@ from rsnotify.devstack import (
     rsnotify_command,
     wait_for,
 )
-from rsnotify.log.redis_log import RedisLog
-from rsnotify.subscriber.mirror import TEMP_PREFIX
-from rsnotify.subscriber.resources import ApplyRecord
-from rsnotify.subscriber.service import default_state_dir
+from tests.groundtruth import mirror_differences
 from tests.helpers import get_json, newer_never_overwritten, post_json, read_apply_log
 
 SUBSCRIBERS = ("mqtt", "ws")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from .. import sitemap
-from ..errors import DocumentError, InvalidDocument, RsNotifyError
+from ..errors import CoverageHole, DocumentError, InvalidDocument
 from ..model import Capability, Entry, Root
 from ..tracker import (
     Checkpoint,
@@ -43,14 +43,6 @@ from .incremental import TailState, fragment, scan
 
 log = logging.getLogger("rsnotify.publish")
 _LINE = re.compile(r"^line \d+: ")
-
-
-class CoverageHole(RsNotifyError):
-    """The Change Lists no longer cover every change since the checkpoint.
-
-    Raised by :meth:`CollectionWatcher.poll` when the watcher stops at holes
-    (a Destination: it must re-baseline); a publisher only reports them.
-    """
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""How the publisher reads a Source's documents: over HTTP, or from a directory.
+"""How rsnotify reads a Source's documents: over HTTP, or from a directory.
 
 Both answer the same three questions: the whole document (or "not modified"
 against the validators we hold), and the bytes from an offset on (a Range
@@ -16,10 +16,8 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import FetchError, TooManyEntries
 from ..fetch import Fetcher, FetchStream
-from ..sitemap import MAX_ENTRIES_PER_DOCUMENT
+from ..sitemap import MAX_DOCUMENT_BYTES, MAX_ENTRIES_PER_DOCUMENT
 from .incremental import EntryCounter
-
-MAX_DOCUMENT_BYTES = 50_000_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,20 @@ only the fallback.  Everything runs under
 ``DEMO_SECONDS=N`` runs for N seconds, then freezes the Source, waits for both
 mirrors to equal the Source file for file, stops everything and exits 0 only
 if they do (this is what the test of the demo runs).
+
+Why it is here and not in the ``rsnotify`` package: the demo is a
+development tool, run from a checkout by ``make demo`` (``python -m
+tests.demo``) after ``make services`` has installed Mosquitto and Redis.  It
+starts and reaps those servers with the test suite's process machinery
+(:mod:`tests.devstack`), which kills process groups, installs safety nets
+and needs ``psutil``; a copy of that machinery inside the wheel would be a
+second implementation to keep right, and an operator running the installed
+package has no use for either.  The signal handlers below are installed by
+:func:`main`, never on import.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -29,8 +38,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from .devstack import ManagedProcess, Mosquitto, Redis, free_port, wait_for
-from .subscriber.mirror import TEMP_PREFIX, path_for
+from tests.devstack import ManagedProcess, Mosquitto, Redis, free_port, wait_for
+from tests.groundtruth import mirror_differences
 
 RATE = float(os.environ.get("DEMO_RATE", "20"))
 COLLECTIONS = 2
@@ -45,23 +54,6 @@ def _post(url: str) -> Any:
 def _get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.load(response)
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def mirror_differences(state: dict[str, Any], mirror: Path) -> list[str]:
-    """How a mirror differs from the simulator's ground truth (empty: equal)."""
-    expected: dict[Path, str] = {}
-    for collection in state["collections"].values():
-        for loc, sha in collection["resources"].items():
-            expected[path_for(loc, mirror)] = sha
-    found = {p for p in mirror.rglob("*") if p.is_file() and not p.name.startswith(TEMP_PREFIX)}
-    out = [f"missing {p}" for p in expected if p not in found]
-    out += [f"extra {p}" for p in found if p not in expected]
-    out += [f"differs {p}" for p in found if p in expected and _sha256(p) != expected[p]]
-    return out
 
 
 class Demo:

@@ -1,0 +1,172 @@
+"""Start-up: find the Source's Capability Lists and open a collection for each.
+
+Discovery runs the one :class:`~rsnotify.discovery.DiscoveryMachine` loop
+(:func:`~rsnotify.discovery.drive`): over HTTP for a URL Source, or over the
+files of a directory Source, read as if it were served at
+:data:`DIRECTORY_ROOT`'s origin.  Each Capability List with a Change List is
+registered in the log, and its head and checkpoint are read back, so a
+restart carries on exactly after the last logged entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .. import discovery, sitemap
+from ..backoff import Backoff
+from ..changes.access import DirectoryAccess, DocumentAccess
+from ..changes.watcher import CollectionWatcher
+from ..collection import collection_id
+from ..errors import FetchError, RsNotifyError
+from ..fetch import Fetcher
+from ..log import LogUnavailable, NotificationLog
+from ..metrics import PublisherMetrics
+from ..model import Capability
+from ..tracker import Checkpoint
+from .config import PublisherConfig
+from .frameworkwatch import FrameworkWatcher
+from .sequencer import CollectionState
+from .tasks import pause
+
+log = logging.getLogger("rsnotify.publish")
+T = TypeVar("T")
+
+#: Where discovery starts in a directory Source (a URL maps to a file whatever its host).
+DIRECTORY_ROOT = "http://localhost/.well-known/resourcesync"
+
+
+def is_directory(source: str) -> bool:
+    """A SOURCE that names a local directory rather than a URL."""
+    return not source.startswith(("http://", "https://")) and Path(source).is_dir()
+
+
+async def discover_source(
+    source: str, access: DocumentAccess, fetcher: Fetcher
+) -> discovery.SourceInfo:
+    """Find the Capability Lists, over HTTP or in the Source's directory."""
+    if not isinstance(access, DirectoryAccess):
+        return await discovery.discover(source, fetcher)
+
+    async def read(request: discovery.Request) -> discovery.Response:
+        fetched = await access.read(request.url)
+        return discovery.Response(request.url, {}, fetched.body)
+
+    return await discovery.drive(discovery.DiscoveryMachine(DIRECTORY_ROOT), read)
+
+
+class StartupRetry:
+    """Runs a start-up log operation until the log answers, or gives up.
+
+    The retry policy when Redis is down: at start-up, retry with backoff
+    while the log has been unreachable for less than ``redis_wait`` seconds
+    (``--redis-wait``), saying each time when the next try is and when
+    start-up gives up; then raise, and the command exits 1 (systemd's
+    ``Restart=on-failure`` starts it again), so a wrong ``--redis`` is an
+    error within a minute instead of a silent loop.  Once running, a Redis
+    outage is retried for as long as it lasts (the detection loops): nothing
+    is lost, the checkpoint waits in the log.
+    """
+
+    def __init__(self, redis_wait: float, stopping: asyncio.Event) -> None:
+        self.redis_wait = redis_wait
+        self.stopping = stopping
+        self._down_since: float | None = None  # when the log stopped answering
+
+    async def __call__(self, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
+        backoff = Backoff()
+        while True:
+            try:
+                result = await operation(*args)
+            except LogUnavailable as exc:
+                if self.stopping.is_set():
+                    raise
+                now = time.monotonic()
+                if self._down_since is None:
+                    self._down_since = now
+                left = self._down_since + self.redis_wait - now
+                if left <= 0:
+                    raise LogUnavailable(
+                        f"{exc} (gave up after --redis-wait {self.redis_wait:g} s)"
+                    ) from None
+                delay = min(backoff.next(), left)
+                log.warning(
+                    "log unavailable (%s); retrying in %.1fs, start-up gives up in %.0fs",
+                    exc,
+                    delay,
+                    left,
+                )
+                await pause(self.stopping, delay)
+            else:
+                self._down_since = None
+                return result
+
+
+async def open_collections(
+    config: PublisherConfig,
+    notification_log: NotificationLog,
+    access: DocumentAccess,
+    fetcher: Fetcher,
+    metrics: PublisherMetrics,
+    stopping: asyncio.Event,
+) -> dict[str, CollectionState]:
+    """Discover the Source (retrying) and open every collection to publish."""
+    backoff = Backoff(maximum=10.0)
+    while True:
+        try:
+            info = await discover_source(config.source, access, fetcher)
+            break
+        except (FetchError, RsNotifyError) as exc:
+            if stopping.is_set():
+                raise
+            delay = backoff.next()
+            log.warning("discovery of %s failed (%s); retrying in %.1fs", config.source, exc, delay)
+            await pause(stopping, delay)
+    retry = StartupRetry(config.redis_wait, stopping)
+    limits = sitemap.Limits(lenient=config.lenient)
+    wanted = set(config.collections)
+    collections: dict[str, CollectionState] = {}
+    for cap in info.capability_lists:
+        changelist = cap.capabilities.get(Capability.CHANGELIST)
+        cid = collection_id(cap.url)
+        if wanted and cap.url not in wanted and cid not in wanted:
+            continue
+        if changelist is None:
+            log.warning("%s offers no Change List; not published", cap.url)
+            continue
+        await retry(notification_log.register, cid, cap.url)
+        checkpoint = Checkpoint.from_json(await retry(notification_log.checkpoint, cid))
+        head = await retry(notification_log.head, cid)
+        watcher = CollectionWatcher(
+            access=access,
+            collection=cid,
+            capability_list=cap.url,
+            changelist_url=changelist,
+            checkpoint=checkpoint,
+            from_beginning=config.from_beginning,
+            limits=limits,
+        )
+        collections[cid] = CollectionState(cid, cap.url, watcher, head=head)
+        if config.framework_enabled():
+            collections[cid].framework = FrameworkWatcher(
+                access=access,
+                collection=cid,
+                capability_list=cap.url,
+                changes=watcher,
+                limits=limits,
+            )
+        metrics.head.labels(cid).set(head)
+        log.info(
+            "watching %s (collection %s, head %d)",
+            cap.url,
+            cid,
+            head,
+            extra={"collection": cid, "seq": head},
+        )
+    if not collections:
+        raise RsNotifyError(f"{config.source}: no Capability List with a Change List to publish")
+    return collections

@@ -1,0 +1,166 @@
+"""The one commit path: staged replaces and deletes made durable, in phases (worker thread).
+
+Per file the order is always: bytes in a temp file, fsync, rename (or swap)
+over the target, fsync of the target's directory begun after the rename,
+fsync of any parent that gained a subdirectory; only then is the write
+reported done.  A reader sees the old file or the new one, never a partial
+one; a ``kill -9`` mid-write leaves only a temp file
+(:func:`.replace.remove_stale_temps` removes it at the next start).
+
+A streamed write commits a list of one; a batch of in-memory writes commits
+them together, phase by phase: every temp file is flushed, then fsynced (on
+a journalled filesystem the first fsync commits the journal for all), then
+renamed, then each directory is fsynced once through the
+:class:`.durability.DirSyncer` group commit.  A failure fails its own write
+(or, for a directory fsync, the writes renamed into that directory), never
+the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from .durability import DirSyncer
+from .errors import MirrorError, PathConflict
+from .replace import ReplaceStrategy, Staged
+from .safedirs import close_all, open_dirs, refuse_directory
+
+__all__ = ["commit", "open_target", "prepare_write", "release"]
+
+# Linux only (typeshed does not know the flag): start writeback, wait for nothing.
+_START_WRITEBACK = getattr(os, "sync_file_range", None)
+_WRITE: int = getattr(os, "SYNC_FILE_RANGE_WRITE", 2)
+
+
+def open_target(
+    root: Path, names: tuple[str, ...], path: Path | str, *, create: bool
+) -> Staged | None:
+    """The target's directory opened safely; None when it is missing and not ``create``\\ d."""
+    dir_fd, dirty = open_dirs(root, names[:-1], create=create, path=path)
+    if dir_fd is None:
+        return None
+    return Staged(dir_fd, dirty, names[-1], path)
+
+
+def prepare_write(
+    root: Path,
+    names: tuple[str, ...],
+    path: Path | str,
+    strategy: ReplaceStrategy,
+    *,
+    reuse: bool,
+) -> Staged:
+    """A target with a temp file open beside it (or a spare when ``reuse``), nothing written.
+
+    Refuses a target that is a directory (it holds other resources).  On
+    failure every descriptor opened here is closed again.
+    """
+    item = open_target(root, names, path, create=True)
+    assert item is not None
+    try:
+        refuse_directory(item.dir_fd, item.name, path)
+        strategy.open_temp(item, reuse=reuse)
+    except BaseException:
+        release(item, strategy)
+        raise
+    return item
+
+
+def release(item: Staged, strategy: ReplaceStrategy) -> None:
+    """Close what ``item`` holds; a temp file not renamed is discarded.
+
+    A retired inode still held back is forgotten: its directory was never
+    (durably) fsynced.
+    """
+    if item.fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(item.fd)
+        item.fd = -1
+    strategy.discard(item)
+    strategy.forget(item)
+    close_all([item.dir_fd, *item.dirty])
+    item.dir_fd, item.dirty = -1, []
+
+
+def commit(
+    items: list[Staged], strategy: ReplaceStrategy, dirs: DirSyncer
+) -> list[bool | BaseException]:
+    """Make every staged write and delete durable; one outcome per item, in order.
+
+    True: done.  False: a delete found nothing to delete.  An exception: that
+    item failed (a write then left the target untouched, or renamed but not
+    durably).  ``sync_file_range`` first starts writeback of every temp file:
+    on a journalled filesystem their block allocations then land in the
+    transaction the first fsync commits, and the other fsyncs find nothing
+    left to commit; without a journal the device at least gets all the data
+    at once.  Every item is released before this returns.
+    """
+    results: list[bool | BaseException] = [MirrorError("not stored")] * len(items)
+    try:
+        if _START_WRITEBACK is not None and len(items) > 1:
+            for item in items:
+                if item.fd >= 0:
+                    with contextlib.suppress(OSError):  # only a hint: fsync follows
+                        _START_WRITEBACK(item.fd, 0, 0, _WRITE)
+        replaced: list[int] = []
+        for k, item in enumerate(items):
+            outcome = _remove(item, strategy) if item.delete else _install(item, strategy)
+            if outcome is True:
+                replaced.append(k)
+            else:
+                results[k] = outcome
+        synced: dict[tuple[int, int], BaseException | None] = {}
+        for k in replaced:
+            item = items[k]
+            try:
+                info = os.fstat(item.dir_fd)
+                key = (info.st_dev, info.st_ino)
+                if key not in synced:
+                    try:
+                        dirs.sync(item.dir_fd)
+                        synced[key] = None
+                    except OSError as exc:
+                        synced[key] = exc
+                failed = synced[key]
+                if failed is not None:
+                    raise failed
+                strategy.settle(item)
+                for parent in item.dirty:
+                    os.fsync(parent)
+            except BaseException as exc:
+                results[k] = exc
+                continue
+            results[k] = True
+    finally:
+        for item in items:
+            release(item, strategy)
+    return results
+
+
+def _remove(item: Staged, strategy: ReplaceStrategy) -> bool | BaseException:
+    try:
+        return strategy.remove(item) or False
+    except OSError as exc:
+        return MirrorError(f"cannot delete {item.path}: {exc.strerror or exc}", path=item.path)
+
+
+def _install(item: Staged, strategy: ReplaceStrategy) -> bool | BaseException:
+    try:
+        try:
+            os.fsync(item.fd)
+        finally:
+            os.close(item.fd)
+            item.fd = -1
+        try:
+            strategy.install(item)
+        except IsADirectoryError:
+            raise PathConflict(
+                f"{item.path} is a directory (other resources are stored under it)",
+                path=item.path,
+            ) from None
+    except BaseException as exc:
+        strategy.discard(item)
+        return exc
+    return True
