@@ -31,7 +31,7 @@ applied prefix.  At most :data:`MAX_IN_FLIGHT` changes are in that pipeline:
 past it the engine stops taking notifications from its queue until the
 pipeline drains (back-pressure; a queue that then overflows is a gap).
 
-Why one module of ~1,000 lines: it is one state machine per collection, and
+Why one module of ~1,100 lines: it is one state machine per collection, and
 every event (a notification, a head, a reconnect, a timer, a hole in the
 Change Lists) reads and moves the same few positions (the trusted Change List
 position, the submitted frontier, the sequence count, the push mode).  The
