@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "rsnotify.spare",
             "rsnotify.options",  # declarative command-line options (argparse, no ResourceSync)
             "rsnotify.configfile",  # TOML with line numbers
+            "rsnotify.memtrace",  # opt-in memory growth report (RSNOTIFY_TRACEMALLOC)
         ),
     ),
     # Thin adapters: HTTP, the notification log, push transports, telemetry.
