@@ -43,14 +43,17 @@ class Sentinel(Service):
         self.config_path = self.directory / "sentinel.conf"
         self.primary_port = primary_port
         self.quorum = quorum
+        self._written_port: int | None = None
 
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}"
 
     def _write_config(self) -> None:
-        if self.config_path.exists():
+        if self.config_path.exists() and self._written_port == self.port:
             return  # Sentinel rewrites its config with what it learnt: keep it across restarts
+        # A first start, or a retry on another port after ours was taken: write afresh.
+        self._written_port = self.port
         self.config_path.write_text(
             "\n".join(
                 [
