@@ -10,15 +10,16 @@ unfiltered client in one pass, :mod:`rsnotify.transport.wsfeed`) and
 ``baseline`` (the package as of ``--baseline-rev``, extracted with ``git
 archive``: one writer task and one frame per client) -- in one run:
 
-(a) **live**: ``--rate`` notifications/s for ``--seconds`` (after a 3 s
-    warm-up); every client times every notification (arrival minus the send
-    time the appender wrote into its ``loc``), checks ``prev`` continuity and
-    counts ``skipped``; the gateway's RSS is sampled every second.
-(b) **ceiling**: ``--burst`` notifications appended as fast as the log takes
-    them (batches of 500); frames/s = notification frames received by all
-    clients / time until the last client has the last one; also per second
-    of gateway CPU (the gateway's own ceiling on one core, whatever the
-    clients and other work on a shared machine take).
+(a) **live**: ``--rate`` notifications/s for ``--seconds``; every client
+    times every notification (arrival minus the send time the appender wrote
+    into its ``loc``), checks ``prev`` continuity and counts ``skipped``; the
+    gateway's RSS is sampled every second.
+(b) **ceiling** (run first, after a 3 s warm-up at ``--rate``, so that both
+    start with every client caught up): ``--burst`` notifications appended
+    as fast as the log takes them (batches of 500); frames/s = notification
+    frames received by all clients / time until the last client has the
+    last one; also per second of gateway CPU (the gateway's own ceiling on
+    one core, whatever the clients and other work on a shared machine take).
 
 The clients (:mod:`bench.wsclients`) are raw asyncio protocols that read
 ``seq``, ``prev`` and the send time from fixed places in each frame, so that
@@ -194,22 +195,10 @@ async def run_variant(variant: str, tree: Path, redis_url: str, opts: argparse.N
         print(f"  {variant}: {connected:,} clients connected", flush=True)
         gw = psutil.Process(gateway.pid)
 
-        # (a) live: warm up, then measure.
+        # Warm up (allocator pools, the ring), then (b) the ceiling: a burst as
+        # fast as the log takes it.
         await _paced(log, collection, opts.rate, 3.0)
-        await _reset(children, await log.head(collection) + 1)
-        rss_start = gw.memory_info().rss / 1e6
-        cpu_start, rss = sum(gw.cpu_times()[:2]), [rss_start]
-        sampler = asyncio.create_task(_sample_rss(gw, rss))
-        sent = await _paced(log, collection, opts.rate, opts.seconds)
-        cpu_live = sum(gw.cpu_times()[:2]) - cpu_start
-        live = await _until_done(children, await log.head(collection), connected, 30.0)
-        sampler.cancel()
-        live.update(sent=sent, expected=sent * connected, rss_mb_start=rss_start,
-                    rss_mb_peak=max(rss), rss_mb_end=rss[-1],
-                    gateway_cpu_pct=100 * cpu_live / opts.seconds)  # fmt: skip
-        print(f"  {variant}: live p99 {live['latency_ms']['p99']} ms", flush=True)
-
-        # (b) ceiling: a burst, as fast as the log takes it.
+        await _until_done(children, await log.head(collection), connected, 60.0)
         target = await log.head(collection) + opts.burst
         await _reset(children, target - opts.burst + 1)
         cpu_start, started = sum(gw.cpu_times()[:2]), time.time()
@@ -225,6 +214,20 @@ async def run_variant(variant: str, tree: Path, redis_url: str, opts: argparse.N
                      if cpu_burst >= 0.1 else None,
                      rss_mb_after=gw.memory_info().rss / 1e6)  # fmt: skip
         print(f"  {variant}: ceiling {burst['frames_per_s']:,.0f} frames/s", flush=True)
+        # (a) live, after the ceiling: both start with every client caught up.
+        await _reset(children, await log.head(collection) + 1)
+        rss_start = gw.memory_info().rss / 1e6
+        cpu_start, rss = sum(gw.cpu_times()[:2]), [rss_start]
+        sampler = asyncio.create_task(_sample_rss(gw, rss))
+        sent = await _paced(log, collection, opts.rate, opts.seconds)
+        cpu_live = sum(gw.cpu_times()[:2]) - cpu_start
+        live = await _until_done(children, await log.head(collection), connected, 30.0)
+        sampler.cancel()
+        live.update(sent=sent, expected=sent * connected, rss_mb_start=rss_start,
+                    rss_mb_peak=max(rss), rss_mb_end=rss[-1],
+                    gateway_cpu_pct=100 * cpu_live / opts.seconds)  # fmt: skip
+        print(f"  {variant}: live p99 {live['latency_ms']['p99']} ms", flush=True)
+
         gateway.stdin.write(b"quit\n")
         await gateway.stdin.drain()
         stats = json.loads(await asyncio.wait_for(gateway.stdout.readline(), 60))
