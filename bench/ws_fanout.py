@@ -218,14 +218,18 @@ async def run_variant(variant: str, tree: Path, redis_url: str, opts: argparse.N
         await _reset(children, await log.head(collection) + 1)
         rss_start = gw.memory_info().rss / 1e6
         cpu_start, rss = sum(gw.cpu_times()[:2]), [rss_start]
+        clients = [psutil.Process(c.proc.pid) for c in children]
+        clients_start = sum(sum(p.cpu_times()[:2]) for p in clients)
         sampler = asyncio.create_task(_sample_rss(gw, rss))
         sent = await _paced(log, collection, opts.rate, opts.seconds)
         cpu_live = sum(gw.cpu_times()[:2]) - cpu_start
+        cpu_clients = sum(sum(p.cpu_times()[:2]) for p in clients) - clients_start
         live = await _until_done(children, await log.head(collection), connected, 30.0)
         sampler.cancel()
         live.update(sent=sent, expected=sent * connected, rss_mb_start=rss_start,
                     rss_mb_peak=max(rss), rss_mb_end=rss[-1],
-                    gateway_cpu_pct=100 * cpu_live / opts.seconds)  # fmt: skip
+                    gateway_cpu_pct=100 * cpu_live / opts.seconds,
+                    clients_cpu_pct=100 * cpu_clients / opts.seconds)  # fmt: skip
         print(f"  {variant}: live p99 {live['latency_ms']['p99']} ms", flush=True)
 
         gateway.stdin.write(b"quit\n")
@@ -353,14 +357,16 @@ def main(argv: list[str] | None = None) -> int:
             live["latency_ms"]["p99"], live["latency_ms"]["max"], live["to_gateway_ms"]["p99"],
             live["fan_out_ms"]["p99"],
             live["expected"] - live["notifications"], live["skipped"], live["breaks"],
-            live["gateway_cpu_pct"], live["rss_mb_start"], live["rss_mb_peak"],
+            live["gateway_cpu_pct"], live["clients_cpu_pct"], live["rss_mb_start"],
+            live["rss_mb_peak"],
             burst["frames_per_s"], burst["frames_per_cpu_s"], burst["skipped"],
             r["gateway"]["shared_frames"],
         ])  # fmt: skip
     print()
     print(format_table(
         ["variant", "clients", "sent", "p50 ms", "p99 ms", "max ms", "log p99", "fan-out p99",
-         "lost", "skipped", "breaks", "gw CPU %", "RSS MB", "peak MB", "ceiling frames/s",
+         "lost", "skipped", "breaks", "gw CPU %", "clients CPU %", "RSS MB", "peak MB",
+         "ceiling frames/s",
          "frames/CPU-s",
          "burst skipped", "shared frames"],
         rows,
