@@ -47,6 +47,7 @@ class _Pool:
         ).encode("ascii")
         self.clients: list[_Subscriber] = []
         self.target = 0
+        self.made = 0  # subscribers constructed
         self.reset(0)
 
     def reset(self, first: int) -> None:
@@ -85,7 +86,8 @@ class _Subscriber(asyncio.Protocol):
         self.open = self.lost = False
         self.last = -1  # last seq accounted for (hello.head, then prev/seq/skipped)
         self.reached_at = 0.0
-        self.sampled = not pool.clients
+        self.sampled = not pool.made  # the first one made (handshakes run 100 at a time)
+        pool.made += 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
