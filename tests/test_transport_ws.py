@@ -9,6 +9,7 @@ written in :mod:`rsnotify.transport.wsproto`, not against its own helpers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -395,6 +396,48 @@ async def test_each_live_record_is_reported_published_once(
             assert_dense(notifications(await recv_until(ws, reached(C1, 30))), 0, 30)
     assert [(c, seq) for c, seq, _ in seen] == [(C1, seq) for seq in range(1, 31)]
     assert all(0 <= latency < 10 for _, _, latency in seen)
+
+
+async def test_unfiltered_clients_share_frames_beside_filtered_and_replaying_clients(
+    log: NotificationLog, gateways: MakeGateway
+) -> None:
+    """Live unfiltered clients get each frame written once for all; the others are unchanged.
+
+    A filtered client (its own ``prev``) and a replaying one (``since=0``)
+    are served by their writer tasks while appends race with them; every
+    client sees its stream dense and in order, and the unfiltered ones get
+    the same bytes.
+    """
+
+    def alternating(seq: int) -> bytes:
+        return make_record(C1, seq, change="updated" if seq % 3 == 0 else "created")
+
+    gateway = await gateways(log)
+    await append(log, C1, 40, make=alternating)
+    async with contextlib.AsyncExitStack() as stack:
+        live = [await stack.enter_async_context(connect(url(gateway, f"/{C1}"))) for _ in range(20)]
+        replaying = await stack.enter_async_context(connect(url(gateway, f"/{C1}?since=0")))
+        filtered = await stack.enter_async_context(
+            connect(url(gateway, f"/{C1}?since=40&change=updated"))
+        )
+        for ws in [*live, replaying, filtered]:
+            assert (await recv(ws))["head"] == 40
+        writer = asyncio.create_task(append(log, C1, 200, batch=9, make=alternating))
+        raw: list[list[str | bytes]] = []
+        for ws in live:
+            async with asyncio.timeout(20):
+                raw.append([await ws.recv() for _ in range(200)])
+            assert_dense([json.loads(frame) for frame in raw[-1]], 40, 240)
+        assert all(frames == raw[0] for frames in raw)
+        assert_dense(notifications(await recv_until(replaying, reached(C1, 240))), 0, 240)
+        got = notifications(await recv_until(filtered, reached(C1, 240)))
+        expected = list(range(42, 241, 3))
+        assert [f["seq"] for f in got] == expected
+        assert [f["prev"] for f in got] == [40, *expected[:-1]]
+        await writer
+    print(f"shared frames: {gateway.shared_frames}, replayed {gateway.replayed}")
+    # Most live frames went out as shared bytes (a full buffer falls back to the writer).
+    assert gateway.shared_frames >= len(live) * 200 // 2, gateway.shared_frames
 
 
 async def test_a_token_is_required_in_the_header_or_the_query(

@@ -11,8 +11,9 @@ same way, here:
   if the log trimmed records before the tail read them, the ring restarts
   at the next record it gets, so a reader can tell "in the ring" from "gone"
   by comparing seqs, never by finding a hole;
-* fan-out is setting each reader's ``wake`` event: the tail never awaits a
-  reader, so one slow reader cannot hold up anything else;
+* fan-out is setting each reader's ``wake`` event (:meth:`LogTail.wake_readers`;
+  the WebSocket feed writes shared frames there first): the tail never
+  awaits a reader, so one slow reader cannot hold up anything else;
 * log trouble is retried with :class:`~rsnotify.backoff.Backoff` and logged
   once per outage (a warning when it starts, a line when it ends): the tail
   must outlive anything the log does;
@@ -126,8 +127,7 @@ class LogTail(Generic[ItemT, ReaderT]):
             backoff.reset()
             if records:
                 self.advance(records)
-                for reader in self.readers:
-                    reader.wake.set()
+                self.wake_readers()
 
     async def _read(self) -> list[LogRecord]:
         records = await self.log.wait(
@@ -138,6 +138,11 @@ class LogTail(Generic[ItemT, ReaderT]):
             if head > self.position:
                 records = await self.log.read(self.collection, self.position, limit=self.batch)
         return records
+
+    def wake_readers(self) -> None:
+        """New items are in the ring: wake every reader (a transport may serve some itself)."""
+        for reader in self.readers:
+            reader.wake.set()
 
     def advance(self, records: Sequence[LogRecord]) -> None:
         """Render ``records`` into the ring, keeping it dense."""

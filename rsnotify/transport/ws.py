@@ -1,9 +1,10 @@
 """WebSocket transport: a gateway that tails the notification log and fans out to clients.
 
-Why one module of ~720 lines: it is one class, the gateway, whose admission
+Why one module of ~700 lines: it is one class, the gateway, whose admission
 (slots per address), client handlers, replays, pacing and memory release
 share the connection set, the tailers and one event loop's timing; the wire
-protocol is :mod:`.wsproto` (pure), the log tail :mod:`.tail` and rendering
+protocol is :mod:`.wsproto` (pure), the log tail :mod:`.tail`, the shared
+frames and their fan-out :mod:`.wsfeed` and rendering
 :mod:`rsnotify.outbound`, so what is left here is the asyncio and
 ``websockets`` flow between them.
 
@@ -22,14 +23,18 @@ Everything comes from the log
 One tailer per collection (:mod:`.tail`, shared with the WebSub hub)
     For each collection with clients, one task loops on ``log.wait``,
     renders each record once (:func:`rsnotify.outbound.render`: stamp,
-    encode, sign) and keeps the last ``queue_size`` rendered records in a
-    ring.  Fan-out is setting each subscriber's wake-up event: the tailer
-    never awaits a client, so one slow reader cannot hold up anything else.
-    A tailer with no clients left ends; the next subscriber starts a new one.
+    encode, sign), encodes its WebSocket frame once and keeps the last
+    ``queue_size`` of them in a ring (:class:`~.wsfeed.Feed`).  Fan-out is
+    one pass that writes those bytes to every unfiltered client in step
+    with room in its write buffer, as ``websockets.broadcast`` does, and
+    wakes the others' writer tasks: the tailer never awaits a client, so one
+    slow reader cannot hold up anything else.  A tailer with no clients left
+    ends; the next subscriber starts a new one.
 
 Clients are cursors, not copies
     Each client has a :class:`~.wsproto.SendCursor` per collection (a few
-    integers) and a writer task that pulls from the ring.  This *is* the
+    integers) and a writer task that pulls from the ring when the fan-out
+    pass cannot serve it (filters, replay, a full buffer).  This *is* the
     protocol's "bounded queue of ``queue_size`` frames", with the frames
     shared: a client that falls more than ``queue_size`` behind live is
     skipped ahead (a ``skipped`` frame) exactly as if a private queue had
@@ -86,7 +91,6 @@ import os
 import socket
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -100,7 +104,7 @@ from ..errors import RsNotifyError
 from ..log import LogRecord, LogUnavailable, NotificationLog
 from ..outbound import Signer
 from . import wsproto
-from .tail import LogTail
+from .wsfeed import Client, Feed, FeedItem, Stream, feed_item
 from .wsproto import InvalidSubscription, SendCursor
 
 logger = logging.getLogger(__name__)
@@ -121,45 +125,6 @@ MAX_PER_ADDRESS = 256
 RELEASE_AFTER = 500
 #: Seconds without a further close before ``release_memory`` runs.
 RELEASE_DELAY = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Item:
-    """One rendered record: what filters need, and the shared end of its frame."""
-
-    seq: int
-    loc: str
-    change: str
-    tail: bytes | None  # None: the record could not be rendered; sent as a one-seq skip
-    read_at: float = 0.0  # loop time the tailer read it (0: read for a replay)
-
-
-class _Tailer(LogTail[_Item, "_Client"]):
-    """The live feed of one collection (:class:`~.tail.LogTail`), paced to its fastest client."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # LogTail's parameters
-        super().__init__(*args, **kwargs)
-        self.progress = asyncio.Event()  # set when a client sent frames from the ring
-        self.announced = self.position  # last seq reported to on_published
-        self.progressed = 0.0  # loop time of that
-
-    def fastest(self) -> int | None:
-        """The furthest position any client of this tailer has sent up to."""
-        positions = [s.cursor.position for c in self.readers for s in c.streams if s.tailer is self]
-        return max(positions, default=None)
-
-
-@dataclass(slots=True, eq=False)
-class _Stream:
-    cursor: SendCursor
-    tailer: _Tailer
-
-
-@dataclass(eq=False)
-class _Client:
-    ws: ServerConnection
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    streams: list[_Stream] = field(default_factory=list)
 
 
 class WebSocketGateway:
@@ -238,11 +203,12 @@ class WebSocketGateway:
         self._on_published = on_published
         self._ssl_context = ssl_context  # wss:// when set (see server_tls_context)
         self.replayed = 0  # records sent from the log rather than the ring (a cost metric)
+        self._shared_before = 0  # shared frames written by feeds that have ended
         self._server: Server | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._refreshing: asyncio.Future[dict[str, str]] | None = None
         self._collections: dict[str, str] = {}
-        self._tailers: dict[str, _Tailer] = {}
+        self._tailers: dict[str, Feed] = {}
         self._connections: set[ServerConnection] = set()
         # Admitted handshakes (not yet disconnected), in all and per client address.
         self._admitted = 0
@@ -325,6 +291,11 @@ class WebSocketGateway:
         """The last seq this gateway has read for ``collection`` (None: no live tailer)."""
         tailer = self._tailers.get(collection)
         return tailer.position if tailer is not None else None
+
+    @property
+    def shared_frames(self) -> int:
+        """Notification frames written as shared bytes (the rest were built per client)."""
+        return self._shared_before + sum(f.shared_frames for f in self._tailers.values())
 
     def connections_from(self, address: str) -> int:
         """Connections held by one client address (its IPv6 /64 for IPv6)."""
@@ -412,7 +383,7 @@ class WebSocketGateway:
     # -- one connection ----------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
-        client = _Client(ws)
+        client = Client(ws)
         self._connections.add(ws)
         self._client_count_changed()
         try:
@@ -428,7 +399,7 @@ class WebSocketGateway:
             pass
         finally:
             for stream in client.streams:
-                stream.tailer.readers.discard(client)
+                stream.feed.readers.discard(stream)
             self._connections.discard(ws)
             self._client_count_changed()
             # A handler may end after its TCP connection is gone: wait for it too.
@@ -441,7 +412,7 @@ class WebSocketGateway:
                 await ws.send(frame)
         await ws.close(code, reason)
 
-    async def _serve(self, client: _Client) -> None:
+    async def _serve(self, client: Client) -> None:
         ws = client.ws
         assert ws.request is not None  # set by the handshake
         subscription = wsproto.parse_target(ws.request.path)
@@ -470,7 +441,7 @@ class WebSocketGateway:
 
     async def _open_stream(
         self,
-        client: _Client,
+        client: Client,
         collection: str,
         since: int | None,
         capability_list: str,
@@ -488,11 +459,15 @@ class WebSocketGateway:
         if since is not None and since + 1 < earliest:
             await client.ws.send(wsproto.gap_too_old(collection, since, earliest, capability_list))
             start = head
-        tailer = self._tailer(collection, head)
-        tailer.readers.add(client)  # no await since _tailer(): an idle tailer cannot slip away
-        client.streams.append(_Stream(SendCursor(collection, filters, start, start), tailer))
+        feed = self._tailer(collection, head)
+        # Shared frames only without extensions (compression is off anyway).
+        shared = filters.everything and not client.ws.protocol.extensions
+        stream = Stream(SendCursor(collection, filters, start, start), feed, client, shared)
+        feed.readers.add(stream)  # no await since _tailer(): an idle tailer cannot slip away
+        client.streams.append(stream)
 
-    async def _run(self, client: _Client) -> None:
+    async def _run(self, client: Client) -> None:
+        client.running = True  # every hello is out: the fan-out pass may write now
         writer = asyncio.create_task(self._write_loop(client))
         reader = asyncio.create_task(self._read_loop(client.ws))
         try:
@@ -513,7 +488,7 @@ class WebSocketGateway:
             async for _ in ws:
                 pass
 
-    async def _write_loop(self, client: _Client) -> None:
+    async def _write_loop(self, client: Client) -> None:
         loop = asyncio.get_running_loop()
         next_beat = loop.time() + self.heartbeat
         while True:
@@ -523,8 +498,8 @@ class WebSocketGateway:
                 busy = await self._pump(client.ws, stream) or busy
             if loop.time() >= next_beat:
                 for stream in client.streams:
-                    cursor, tailer = stream.cursor, stream.tailer
-                    if tailer.healthy and cursor.position >= tailer.position:
+                    cursor, feed = stream.cursor, stream.feed
+                    if feed.healthy and cursor.position >= feed.position:
                         await client.ws.send(wsproto.heartbeat(cursor.collection, cursor.position))
                 next_beat = loop.time() + self.heartbeat
             if busy:
@@ -534,30 +509,29 @@ class WebSocketGateway:
                 async with asyncio.timeout(max(0.0, next_beat - loop.time())):
                     await client.wake.wait()
 
-    async def _pump(self, ws: ServerConnection, stream: _Stream) -> bool:
-        """Send up to PUMP_BUDGET frames for one collection; False if there was nothing to do."""
-        cursor, tailer = stream.cursor, stream.tailer
+    async def _pump(self, ws: ServerConnection, stream: Stream) -> bool:
+        """Send up to PUMP_BUDGET frames (or chunks) for one collection; False if nothing to do."""
+        cursor, feed = stream.cursor, stream.feed
         for done in range(PUMP_BUDGET):
-            action = cursor.plan(tailer.window_start, tailer.position)
+            action = cursor.plan(feed.window_start, feed.position)
             if action == wsproto.IDLE:
                 return done > 0
             if action == wsproto.FROM_RING:
-                item = tailer.item(cursor.position + 1)
+                if feed.write_ahead(stream):  # shared frames, as far as the buffer has room
+                    continue
+                # Filtered, unrenderable or a full buffer: one frame, waiting for the drain.
+                item = feed.item(cursor.position + 1)
                 await self._deliver(ws, cursor, item)
-                now = tailer.progressed = asyncio.get_running_loop().time()
-                tailer.progress.set()
-                if item.seq > tailer.announced:
-                    tailer.announced = item.seq
-                    self._published(tailer.collection, item, now)
+                feed.sent(item.seq)
             elif action == wsproto.SKIP:
-                first, resume = cursor.skip_to(tailer.position + 1)
+                first, resume = cursor.skip_to(feed.position + 1)
                 await ws.send(wsproto.skipped(cursor.collection, first, resume))
             else:
                 await self._replay(ws, stream)
         return True
 
-    async def _deliver(self, ws: ServerConnection, cursor: SendCursor, item: _Item) -> None:
-        if item.tail is None:
+    async def _deliver(self, ws: ServerConnection, cursor: SendCursor, item: FeedItem) -> None:
+        if item.wire is None:
             first, resume = cursor.skip_to(item.seq + 1)
             await ws.send(wsproto.skipped(cursor.collection, first, resume))
             return
@@ -566,17 +540,18 @@ class WebSocketGateway:
             frame = wsproto.notification_frame(cursor.collection, item.seq, prev, item.tail)
             await ws.send(frame, text=True)
 
-    def _published(self, collection: str, item: _Item, now: float) -> None:
-        if self._on_published is None or item.tail is None:
+    def _published(self, collection: str, item: FeedItem) -> None:
+        if self._on_published is None or item.wire is None:
             return
+        now = asyncio.get_running_loop().time()
         try:
-            self._on_published(collection, item.seq, len(item.tail), now - item.read_at)
+            self._on_published(collection, item.seq, item.tail_len, now - item.read_at)
         except Exception:
             logger.exception("on_published callback failed")
 
-    async def _replay(self, ws: ServerConnection, stream: _Stream) -> None:
+    async def _replay(self, ws: ServerConnection, stream: Stream) -> None:
         """One batch from the log for a client that is behind the ring."""
-        cursor, tailer = stream.cursor, stream.tailer
+        cursor, feed = stream.cursor, stream.feed
         records = await self.log.read(cursor.collection, cursor.position, limit=REPLAY_BATCH)
         self.replayed += len(records)
         for record in records:
@@ -587,32 +562,35 @@ class WebSocketGateway:
                 await ws.send(wsproto.skipped(cursor.collection, first, resume))
             await self._deliver(ws, cursor, self._render(cursor.collection, record))
         if not records:  # everything before the ring is gone from the log
-            first, resume = cursor.skip_to(tailer.window_start)
+            first, resume = cursor.skip_to(feed.window_start)
             await ws.send(wsproto.skipped(cursor.collection, first, resume))
 
     # -- tailers -------------------------------------------------------------------
 
-    def _tailer(self, collection: str, head: int) -> _Tailer:
+    def _tailer(self, collection: str, head: int) -> Feed:
         tailer = self._tailers.get(collection)
         if tailer is None:
-            tailer = _Tailer(
+            tailer = Feed(
                 self.log,
                 collection,
                 head,
                 self.queue_size,
                 lambda record, read_at: self._render(collection, record, read_at),
                 batch=min(TAIL_BATCH, self.queue_size),
+                write_limit=self.write_limit,
+                on_sent=lambda item: self._published(collection, item),
             )
             self._tailers[collection] = tailer
             tailer.task = asyncio.create_task(self._tail(tailer), name=f"rsnotify-ws-{collection}")
         return tailer
 
-    async def _tail(self, tailer: _Tailer) -> None:
+    async def _tail(self, tailer: Feed) -> None:
         await tailer.run(pace=lambda: self._make_room(tailer, tailer.batch))
         if self._tailers.get(tailer.collection) is tailer:
             del self._tailers[tailer.collection]
+            self._shared_before += tailer.shared_frames
 
-    async def _make_room(self, tailer: _Tailer, batch: int) -> None:
+    async def _make_room(self, tailer: Feed, batch: int) -> None:
         """Hold the tailer while reading on would push its fastest client out of the ring.
 
         In a burst (a 50,000-entry Change List appears at once) the tailer
@@ -637,7 +615,7 @@ class WebSocketGateway:
             except TimeoutError:
                 return
 
-    def _render(self, collection: str, record: LogRecord, read_at: float = 0.0) -> _Item:
+    def _render(self, collection: str, record: LogRecord, read_at: float = 0.0) -> FeedItem:
         try:
             obj: Any = orjson.loads(record.data)
             loc, change = obj["loc"], obj["change"]
@@ -651,9 +629,9 @@ class WebSocketGateway:
                 record.seq,
                 exc,
             )
-            return _Item(record.seq, "", "", None, read_at)
+            return feed_item(collection, record.seq, "", "", None, read_at)
         tail = wsproto.notification_tail(self.fmt, rendered.payload, rendered.signature)
-        return _Item(record.seq, loc, change, tail, read_at)
+        return feed_item(collection, record.seq, loc, change, tail, read_at)
 
     # -- collections -------------------------------------------------------------
 

@@ -147,6 +147,11 @@ class Filter:
     prefix: str | None = None
     changes: frozenset[str] | None = None
 
+    @property
+    def everything(self) -> bool:
+        """No filter at all: every notification passes, so ``prev`` is always ``seq - 1``."""
+        return self.prefix is None and self.changes is None
+
     def matches(self, loc: str, change: str) -> bool:
         if self.prefix is not None and not loc.startswith(self.prefix):
             return False
@@ -323,6 +328,19 @@ class SendCursor:
         prev, self.prev = self.prev, seq
         return prev
 
+    def send_shared(self, last: int) -> None:
+        """Account for ``position+1 .. last``, all sent with ``prev = seq - 1``.
+
+        The frames an unfiltered client gets do not depend on the client
+        (``prev`` is the seq before), so the gateway encodes them once and
+        writes the same bytes to many clients; this moves the cursor over them.
+        """
+        if not self.filter.everything:
+            raise ValueError(f"{self.collection}: a filtered cursor gets frames of its own")
+        if last <= self.position:
+            raise ValueError(f"{self.collection}: cannot send up to {last} from {self.position}")
+        self.position = self.prev = last
+
     def skip_to(self, resume: int) -> tuple[int, int]:
         """Give up on ``position+1 .. resume-1``; the ``(from, resume)`` of the skipped frame."""
         first = self.position + 1
@@ -397,7 +415,7 @@ def notification_tail(fmt: str, payload: bytes, signature: str | None) -> bytes:
     return tail + b"}"
 
 
-def notification_frame(collection: str, seq: int, prev: int, tail: bytes) -> bytes:
+def notification_frame(collection: str, seq: int, prev: int, tail: bytes | memoryview) -> bytes:
     """A whole notification frame (UTF-8, to be sent as a text frame)."""
     return b'{"type":"notification","collection":%s,"seq":%d,"prev":%d%s' % (
         orjson.dumps(collection),
