@@ -144,16 +144,8 @@ class Applier:
         self.allowed_origins = (
             None if allowed_origins is None else frozenset(origin_of(o) for o in allowed_origins)
         )
-        self.concurrency = concurrency
-        self.retries = retries
-        self.not_found_retries = not_found_retries
         self.metadata_only = metadata_only
-        self.use_duplicates = use_duplicates
         self.hooks = hooks
-        self.timeout = timeout
-        self.max_resource_bytes = max_resource_bytes
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
         self.max_skew = max_skew
         self.transfer = Transfer(
             mirror,
