@@ -183,6 +183,43 @@ async def test_cursors_in_redis_survive_restarts_and_a_redis_outage(
         assert differences(await ground_truth(http, base), mirror) == []
 
 
+async def test_a_subscriber_stops_while_its_redis_stays_away(
+    tmp_path: Path, redis_server: Redis
+) -> None:
+    """At shutdown a cursor save gives up after ``patience`` s instead of retrying forever.
+
+    Running, a save waits for Redis as long as it takes (previous test); stopping
+    with Redis gone, the process must still exit, and the cursor Redis keeps is
+    the last one saved, behind the mirror, never ahead of it.
+    """
+    import redis as redis_client
+
+    mirror = tmp_path / "mirror"
+    async with (
+        simulator(changelist_size=25, paused=True) as (_sim, base),
+        aiohttp.ClientSession() as http,
+    ):
+        await post(http, f"{base}_simulator/advance?n=30")
+        config = SubscriberConfig(
+            source=base, into=str(mirror), once=True, redis=redis_server.url, name="dest-2"
+        )
+        sub = Subscriber(config)
+        await sub.start()
+        assert await sub.run_once() == 0
+        (cid,) = sub.engines
+        key = "rsn:dest:{dest-2}:cursors"
+        saved = redis_client.Redis.from_url(redis_server.url).hget(key, cid)
+        assert sub._cursors is not None
+        sub._cursors.patience = 0.5  # type: ignore[union-attr]
+        redis_server.stop()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await asyncio.wait_for(sub.stop(), 30)  # before: retried every 5 s, forever
+        assert loop.time() - began < 20
+        redis_server.start()
+        assert redis_client.Redis.from_url(redis_server.url).hget(key, cid) == saved
+
+
 async def test_audit_reports_missing_changed_and_extra_files(tmp_path: Path) -> None:
     mirror = tmp_path / "mirror"
     async with simulator(paused=True) as (_sim, base):

@@ -69,6 +69,18 @@ class RedisCursorStore:
         self._redis = redisurl.client(
             url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
+        self._closing = False  # see begin_close()
+
+    def begin_close(self) -> None:
+        """From now on a cursor save gives up after ``patience`` seconds of outage.
+
+        While running, a save retries for as long as Redis is away (changes keep
+        being applied; the cursor only lags).  At shutdown that would hold the
+        process forever, so the last saves get the same patience as the first
+        read.  Giving up loses nothing: the stored cursor stays behind the
+        mirror, and the next start re-applies the changes after it as no-ops.
+        """
+        self._closing = True
 
     # Any: redis-py types each asyncio command's result as "Awaitable[Any] | Any".
     async def _call(self, awaitable: Any) -> Any:
@@ -127,6 +139,7 @@ class RedisCursorStore:
             sort_keys=True,
         )
         backoff = Backoff(initial=0.1, maximum=5.0)
+        first_failure: float | None = None
         while True:
             raise_if_cancelled()
             try:
@@ -135,6 +148,14 @@ class RedisCursorStore:
             except CursorStoreUnavailable as exc:
                 # The cursor only lags while Redis is away (changes keep being
                 # applied); giving up would stop the pipeline for nothing.
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                if self._closing and now - first_failure >= self.patience:
+                    raise CursorStoreUnavailable(
+                        f"the {cursor.collection} cursor was not saved at shutdown ({exc}, "
+                        f"for {self.patience:g}s): the next start resumes from the last "
+                        "saved cursor and re-applies the changes after it, which are no-ops"
+                    ) from None
                 delay = backoff.next()
                 log.warning("cannot save the %s cursor (%s); retrying in %.1fs",
                             cursor.collection, exc, delay)  # fmt: skip

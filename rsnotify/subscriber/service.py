@@ -499,6 +499,8 @@ class Subscriber:
 
     async def stop(self) -> None:
         self.stopping.set()
+        if isinstance(self._cursors, RedisCursorStore):
+            self._cursors.begin_close()  # a Redis that stays away must not hold the exit
         for channel in self._channels:
             with contextlib.suppress(Exception):
                 await channel.stop()

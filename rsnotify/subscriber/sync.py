@@ -1088,8 +1088,10 @@ class CollectionSync:
         try:
             await self.drain()
             drained = True
-        except Exception:
+        except Exception as exc:
             drained = False
+            log.warning("%s: stopping: %s", self.collection, exc,
+                        extra={"collection": self.collection})  # fmt: skip
         if not drained or self.failure is not None:
             # Stopped by a local failure with changes still in flight: stop
             # them before anyone restarts from the cursor and resubmits them.
