@@ -13,7 +13,7 @@ what a caller does about it::
     │   ├── DocumentError    (UnsafeDocument, MalformedXML, InvalidDocument, ...)
     │   ├── InvalidNotification, SignatureError
     │   ├── InvalidChange, CoverageHole, UnusableDump, DiscoveryError
-    │   └── InvalidSubscription, RequestError, CallbackRefused
+    │   └── InvalidSubscription, RequestError
     ├── LocalError           a fault on this side: configuration or usage
     │   │                    (options, URLs, ports, a second process on the
     │   │                    same state) or the local filesystem.  An operator
@@ -32,8 +32,8 @@ A few classes sit in two branches because a component family raises them for
 a remote's fault: ``FixityMismatch`` and ``UnsafePath`` are mirror errors
 (local family) caused by what a Source served; ``ResponseTooLarge``,
 ``OriginNotAllowed`` and ``UnwantedEncoding`` are fetch errors (unavailable)
-caused by what a server answered; ``InvalidSubscription``, ``RequestError``
-and ``CallbackRefused`` are transport errors refusing a client's request.  A
+caused by what a server answered; ``InvalidSubscription`` and ``RequestError``
+are transport errors refusing a client's request.  A
 handler that sorts by branch therefore tests :class:`RemoteInputError` first.
 Two classes sit under the root alone: ``LogError``, a family whose members
 each name their branch (``LogUnavailable``, ``LogConflict``, ``Fenced``), and
@@ -310,10 +310,6 @@ class RequestError(TransportError, RemoteInputError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
-
-
-class CallbackRefused(TransportError, RemoteInputError):
-    """A callback the hub may not call (the message says why)."""
 
 
 # --- the notification log and local stores -------------------------------------------

@@ -47,7 +47,6 @@ OLD_HOMES = {
     "rsnotify.transport": ["InvalidBrokerURL", "TransportError"],
     "rsnotify.transport.mqttsig": ["TrailerUnsupported"],
     "rsnotify.transport.topics": ["InvalidTopic"],
-    "rsnotify.transport.websubguard": ["CallbackRefused"],
     "rsnotify.transport.websubproto": ["RequestError"],
     "rsnotify.transport.wsproto": ["InvalidSubscription"],
 }

@@ -103,7 +103,6 @@ class SubscriberConfig:
     callback: str | None = None  # --via websub: this Destination's callback base URL
     callback_listen: str | None = None  # HOST:PORT to bind, if not the callback's own
     websub_lease: int | None = None  # hub.lease_seconds to ask for (None: the hub's default)
-    extra: dict[str, Any] = field(default_factory=dict)
     # Credentials, CA, proxy, pace and deadline of every request to the Source
     # and its mirrors (rsnotify.httppolicy); credentials go to the Source's origin only.
     http: HttpPolicy = field(default_factory=HttpPolicy)

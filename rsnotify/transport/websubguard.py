@@ -39,8 +39,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from ..errors import CallbackRefused as CallbackRefused  # its old home
-
 if TYPE_CHECKING:
     from aiohttp.abc import ResolveResult
 
