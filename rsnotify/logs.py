@@ -43,3 +43,8 @@ def setup(level: str = "info", fmt: str = "auto") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # websockets logs each connection opened and closed at INFO: with thousands
+    # of subscribers on a gateway that is most of the log.  --log-level debug
+    # shows them; the gateway logs what matters (refusals, slow clients) itself.
+    quiet = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
+    logging.getLogger("websockets").setLevel(quiet)
