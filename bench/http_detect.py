@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             "rsnotify/changes/watcher.py",
         ),
     }
-    path = write_json(NAME, payload)
+    path = write_json(f"{NAME}-quick" if opts.quick else NAME, payload)
     print(f"wrote {path} ({payload['wall_s']:.0f} s)")
     return 0
 

@@ -1857,7 +1857,7 @@ def main(argv: list[str] | None = None) -> int:
             "rsnotify/envelope.py",
         ),
     }
-    path = write_json(NAME, payload)
+    path = write_json(f"{NAME}-quick" if opts.quick else NAME, payload)
     before, after = machine_before["loadavg_1_5_15"], machine_after["loadavg_1_5_15"]
     if before and after:
         print(f"\nload average (1 min) before {before[0]:.2f}, after {after[0]:.2f} on 2 cores")
