@@ -36,6 +36,7 @@ __all__ = [
     "client",
     "is_sentinel",
     "parse_sentinel",
+    "reply_text",
 ]
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -149,3 +150,8 @@ def client(
         **options,
     )
     return bounded
+
+
+def reply_text(value: bytes | str) -> str:
+    """A Redis reply as text, whether or not the client decodes responses."""
+    return value.decode() if isinstance(value, bytes) else str(value)

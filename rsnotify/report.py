@@ -119,10 +119,6 @@ def _num(value: float) -> str:
     return f"{value:.6f}"
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 @dataclass(frozen=True, slots=True)
 class LatencySample:
     """One applied change's timeline, in epoch seconds (clocks of three machines)."""
@@ -162,8 +158,8 @@ class LatencySample:
         detected = f.get(b"d")
         published = f.get(b"p")
         sample = cls(
-            collection=_text(f[b"c"]),
-            subscriber=_text(f[b"s"]),
+            collection=redisurl.reply_text(f[b"c"]),
+            subscriber=redisurl.reply_text(f[b"s"]),
             seq=int(f[b"q"]),
             changed=float(f[b"t"]),
             detected=None if detected is None else float(detected),

@@ -71,17 +71,13 @@ StreamRows = list[tuple[bytes, dict[bytes, bytes]]]
 XReadReply = list[tuple[bytes, StreamRows]]
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _log_keys(collection: str) -> tuple[str, str]:
     tag = "{" + collection + "}"
     return f"rsn:{tag}:log", f"rsn:{tag}:meta"
 
 
 def _seq(stream_id: bytes | str) -> int:
-    return int(_text(stream_id).split("-", 1)[0])
+    return int(redisurl.reply_text(stream_id).split("-", 1)[0])
 
 
 def _log_entry(stream_id: bytes, fields: dict[bytes, bytes]) -> tuple[int, float, float | None]:
@@ -179,12 +175,12 @@ class Collector:
                 samples.append(LatencySample.from_fields(fields))
             except (ValueError, KeyError):
                 self.state.samples_bad += 1
-        stages = self.state.add_samples(samples, _text(rows[-1][0]))
+        stages = self.state.add_samples(samples, redisurl.reply_text(rows[-1][0]))
         if self.on_samples is not None:
             self.on_samples(samples, stages)
 
     def _ingest_event(self, stream_id: bytes, fields: dict[bytes, bytes]) -> None:
-        f = {_text(k): _text(v) for k, v in fields.items()}
+        f = {redisurl.reply_text(k): redisurl.reply_text(v) for k, v in fields.items()}
         try:
             data = json.loads(f.get("j") or "{}")
             at = float(f.get("a") or 0.0)
@@ -213,7 +209,7 @@ class Collector:
             )
             self._ingest_samples(rows)
             if rows:
-                self._samples_id = _text(rows[-1][0])
+                self._samples_id = redisurl.reply_text(rows[-1][0])
                 start = f"({self._samples_id}"
             if len(rows) < TAIL_BATCH:
                 break
@@ -222,7 +218,7 @@ class Collector:
         for stream_id, fields in reversed(recent):
             self._ingest_event(stream_id, fields)
         if recent:
-            self._events_id = _text(recent[0][0])
+            self._events_id = redisurl.reply_text(recent[0][0])
         if self._samples_id == "0-0":  # nothing in the last hour: count only what comes next
             self._samples_id = start
 
@@ -255,13 +251,13 @@ class Collector:
             for key, rows in reply or ():
                 if not rows:
                     continue
-                if _text(key) == SAMPLES_KEY:
+                if redisurl.reply_text(key) == SAMPLES_KEY:
                     self._ingest_samples(rows)
-                    self._samples_id = _text(rows[-1][0])
+                    self._samples_id = redisurl.reply_text(rows[-1][0])
                 else:
                     for stream_id, fields in rows:
                         self._ingest_event(stream_id, fields)
-                    self._events_id = _text(rows[-1][0])
+                    self._events_id = redisurl.reply_text(rows[-1][0])
 
     # -- the per-snapshot refresh -------------------------------------------------------------
 
@@ -287,12 +283,12 @@ class Collector:
         pipe.zrangebyscore(SUBSCRIBERS_KEY, now - FORGET_AFTER, "+inf")
         pipe.zrangebyscore(PUBLISHERS_KEY, now - FORGET_AFTER, "+inf")
         known, subscriber_names, publisher_ids = await pipe.execute()
-        collections = {_text(k): _text(v) for k, v in known.items()}
+        collections = {redisurl.reply_text(k): redisurl.reply_text(v) for k, v in known.items()}
         for cid, url in collections.items():
             state.collection(cid).capabilitylist = url
         cids = list(collections)
-        subs = [_text(n) for n in subscriber_names]
-        pubs = [_text(n) for n in publisher_ids]
+        subs = [redisurl.reply_text(n) for n in subscriber_names]
+        pubs = [redisurl.reply_text(n) for n in publisher_ids]
         pipe = self.redis.pipeline(transaction=False)
         for cid in cids:
             log_key, meta_key = _log_keys(cid)
