@@ -92,8 +92,8 @@ def check_url(url: str) -> str:
     scheme = urlsplit(url).scheme
     if scheme not in REDIS_SCHEMES:
         raise ReportError(
-            f"{url!r}: a telemetry target must be a redis://, rediss://, unix:// "
-            "or redis+sentinel:// URL"
+            f"{url!r}: a telemetry target must be a redis://, rediss://, unix://, "
+            "redis+sentinel:// or redis+cluster:// URL"
         )
     return url
 

@@ -146,7 +146,10 @@ class RedisCursorStore:
         """Record a gap, catch-up, reconnect or refusal for audits and the dashboard."""
         entry = json.dumps([time.time(), collection, kind, detail])
         try:
-            async with self._redis.pipeline(transaction=True) as pipe:
+            # Not MULTI/EXEC: redis-py runs a cluster's transactions on a loop of
+            # their own (see transport/websubstore.py); a list capped a moment
+            # late is no harm.
+            async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.lpush(self._events_key, entry)
                 pipe.ltrim(self._events_key, 0, MAX_EVENTS - 1)
                 await self._call(pipe.execute())
