@@ -37,12 +37,12 @@ connection (a failover) refreshes the slot map.  What rsnotify asks of it:
 every command names keys of one slot (per collection the keys share the hash
 tag ``{<collection>}``; other keys are read or written one per command), and
 reads over several collections are pipelines, which redis-py splits per node.
-Two things cannot go through the slot routing and use :func:`primary_for`:
+Two things cannot go through the slot routing and use :class:`Primaries`:
 ``WAIT`` has no key (redis-py would send it to every primary) and must follow
 the write it vouches for *on the same connection* (a fresh connection's
-``WAIT`` vouches for nothing).  :func:`primary_for` gives a plain client of
+``WAIT`` vouches for nothing).  :class:`Primaries` gives a plain client of
 the primary owning a key's slot, on which a pipeline is one connection, as on a
-single server, where it returns the client itself.
+single server, where it gives the client itself.
 
 The log, leader leases, gateways, subscriber cursors, WebSub subscriptions,
 the dashboard and telemetry all open Redis through :func:`client` so each of
@@ -52,13 +52,15 @@ them gets this.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 __all__ = [
     "CLUSTER_SCHEME",
@@ -67,14 +69,13 @@ __all__ = [
     "Client",
     "ClusterClient",
     "ClusterTarget",
+    "Primaries",
     "SentinelTarget",
     "client",
     "is_cluster",
     "is_sentinel",
     "parse_cluster",
     "parse_sentinel",
-    "primary_for",
-    "topology_changed",
 ]
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -190,7 +191,7 @@ _RedisCluster: Any = RedisCluster
 
 
 class ClusterClient(_RedisCluster):  # type: ignore[misc]
-    """redis-py's ``RedisCluster``, plus one plain client per primary for :func:`primary_for`.
+    """redis-py's ``RedisCluster``, with connection places to wait for (below).
 
     ``max_connections`` (per node) bounds the connections as on a single
     server, but redis-py's cluster nodes refuse a command past the bound
@@ -211,12 +212,10 @@ class ClusterClient(_RedisCluster):  # type: ignore[misc]
             options["username"] = target.username
         if target.password:
             options["password"] = target.password
-        self._node_options = dict(options)
-        self._bound = max_connections
-        self._pool_timeout = pool_timeout
+        self.node_options = dict(options)  # for Primaries' plain clients
+        self.max_connections_per_node = max_connections
+        self.pool_timeout = pool_timeout
         self._places = asyncio.Semaphore(max_connections) if max_connections else None
-        self._primaries: dict[str, aioredis.Redis] = {}
-        self._stale = False
         super().__init__(
             startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
             max_connections=2 * max_connections if max_connections else 1_000,
@@ -225,66 +224,98 @@ class ClusterClient(_RedisCluster):  # type: ignore[misc]
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if self._places is None:
-            return await super().execute_command(*args, **kwargs)
-        async with asyncio.timeout(self._pool_timeout):
+            return await _closed_under_us(super().execute_command(*args, **kwargs))
+        async with asyncio.timeout(self.pool_timeout):
             await self._places.acquire()
         try:
-            return await super().execute_command(*args, **kwargs)
+            return await _closed_under_us(super().execute_command(*args, **kwargs))
         finally:
             self._places.release()
 
-    async def primary_for(self, key: str) -> aioredis.Redis:
-        """A plain client of the primary that owns ``key``'s slot now (see the module)."""
-        await self.initialize()
-        if self._stale:
-            self._stale = False
-            await self.nodes_manager.initialize()
-        node = self.get_node_from_key(key)
-        found = self._primaries.get(node.name)
-        if found is None:
-            options = dict(self._node_options, host=node.host, port=node.port)
-            if self._bound is None:
-                found = aioredis.Redis(**options)
-            else:
-                found = aioredis.Redis.from_pool(
-                    aioredis.BlockingConnectionPool(
-                        max_connections=self._bound, timeout=self._pool_timeout, **options
-                    )
-                )
-            self._primaries[node.name] = found
-        return found
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        if shard_hint:
+            raise ValueError("a cluster pipeline takes no shard_hint")
+        # Ignored: redis-py declares _event_dispatcher abstract on a mixin that
+        # ClusterPipeline sets at run time; RedisCluster.pipeline does just this.
+        return _ClusterPipeline(self, transaction)  # type: ignore[abstract]
 
-    def topology_changed(self) -> None:
-        """A client from :meth:`primary_for` met a failover: read the slot map again."""
-        self._stale = True
+class _ClusterPipeline(ClusterPipeline):
+    """redis-py's cluster pipeline; a connection closed under it is a ConnectionError."""
 
-    async def aclose(self) -> None:
-        primaries, self._primaries = self._primaries, {}
-        for primary in primaries.values():
-            await primary.aclose()
-        await super().aclose()
+    __slots__ = ()
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        return await _closed_under_us(super().execute(raise_on_error, allow_redirections))
+
+
+async def _closed_under_us(command: Awaitable[Any]) -> Any:
+    """Await a cluster command; the connection closed under it is a ConnectionError.
+
+    redis-py 8.1's cluster client, to force a new slot map after a failover
+    (``CLUSTERDOWN``, repeated ``MOVED``), closes every node's connections,
+    those in use by other commands too; such a command then finds its socket
+    gone, which surfaces as AttributeError (``'NoneType' object has no
+    attribute 'writelines'``).  That is a lost connection like any other:
+    callers retry those, and an AttributeError would instead have stopped a
+    collection's detection for good.
+    """
+    try:
+        return await command
+    except AttributeError as exc:
+        raise RedisConnectionError(f"connection closed during a command: {exc}") from exc
 
 
 Client: TypeAlias = "aioredis.Redis | ClusterClient"
 
 
-async def primary_for(redis: Client, key: str) -> aioredis.Redis:
-    """A client of the primary owning ``key``: for WAIT after a write on one connection.
+class Primaries:
+    """Plain clients of the primaries owning keys' slots: for ``WAIT`` after a write.
 
-    On a single server or behind Sentinel that is ``redis`` itself; in a
-    cluster, a plain client of the slot's primary (kept for the next call).
-    After a failover its commands fail (connection lost, or ``MOVED`` from the
-    demoted node): call :func:`topology_changed` so the next call asks again.
+    ``WAIT`` must follow the write it vouches for on one connection to the
+    primary holding it (see the module).  On a single server or behind
+    Sentinel, :meth:`of` is the client itself; in a cluster, a plain client
+    of the slot's primary now, kept for the next call.  After a failover its
+    commands fail (a lost connection, or ``MOVED`` from the demoted node):
+    call :meth:`topology_changed` and the next :meth:`of` reads the slot map
+    again.  Owned and closed by its user, not by the cluster client, whose
+    ``aclose`` redis-py also calls internally to force a new slot map.
     """
-    if isinstance(redis, ClusterClient):
-        return await redis.primary_for(key)
-    return redis
 
+    def __init__(self, redis: Client) -> None:
+        self.redis = redis
+        self._clients: dict[str, aioredis.Redis] = {}
+        self._stale = False
 
-def topology_changed(redis: Client) -> None:
-    """Tell a cluster client to reread its slot map (no-op for the others)."""
-    if isinstance(redis, ClusterClient):
-        redis.topology_changed()
+    async def of(self, key: str) -> aioredis.Redis:
+        cluster = self.redis
+        if not isinstance(cluster, ClusterClient):
+            return cluster
+        await cluster.initialize()
+        if self._stale:
+            self._stale = False
+            await cluster.nodes_manager.initialize()
+        node = cluster.get_node_from_key(key)
+        found = self._clients.get(node.name)
+        if found is None:
+            options = dict(cluster.node_options, host=node.host, port=node.port)
+            bound = cluster.max_connections_per_node
+            if bound is None:
+                found = aioredis.Redis(**options)
+            else:
+                pool = aioredis.BlockingConnectionPool(
+                    max_connections=bound, timeout=cluster.pool_timeout, **options
+                )
+                found = aioredis.Redis.from_pool(pool)
+            self._clients[node.name] = found
+        return found
+
+    def topology_changed(self) -> None:
+        self._stale = True
+
+    async def aclose(self) -> None:
+        clients, self._clients = self._clients, {}
+        for found in clients.values():
+            await found.aclose()
 
 
 def client(

@@ -21,7 +21,7 @@ entry. So with ``wait_replicas = N > 0`` an append is *staged*: the Lua script
 assigns the seqs and stores the checkpoint as before, but writes the entries
 to ``rsn:{c}:pending``, where no reader looks. On the same connection (in a
 Redis Cluster: to the primary owning the collection's slot, see
-:func:`rsnotify.redisurl.primary_for`) ``WAIT N timeout`` follows (Redis 7.0
+:class:`rsnotify.redisurl.Primaries`) ``WAIT N timeout`` follows (Redis 7.0
 has no ``WAITAOF``; that is 7.2); once N replicas acknowledged it, a second
 script moves the pending entries to the log stream with the same ids, where
 transports and gateways in every process find them. So everything any
@@ -198,6 +198,8 @@ class RedisLog(NotificationLog):
         # A separate client for blocking reads, so a long XREAD BLOCK never
         # holds up appends on a shared connection's timeout.
         self._blocking = redisurl.client(url, socket_connect_timeout=socket_timeout)
+        # Plain clients of the primaries, for WAIT (the client itself outside a cluster).
+        self._primaries = redisurl.Primaries(self._redis)
         self._append = self._redis.register_script(_APPEND)
         self._set_cursor = self._redis.register_script(_SET_CURSOR)
         self._release = self._redis.register_script(_RELEASE)
@@ -207,13 +209,13 @@ class RedisLog(NotificationLog):
             return await coro
         except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as exc:
             # A cluster's failover (a lost node, a slot map mid-change): read it again.
-            redisurl.topology_changed(self._redis)
+            self._primaries.topology_changed()
             raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
         except ResponseError as exc:
             if isinstance(exc, _MOVING):
-                # A plain client of a primary (redisurl.primary_for) that no longer
+                # A plain client of a primary (redisurl.Primaries) that no longer
                 # owns the slot; nothing ran, the caller retries after its backoff.
-                redisurl.topology_changed(self._redis)
+                self._primaries.topology_changed()
                 raise LogUnavailable(f"Redis at {self.url} is failing over: {exc}") from None
             if "LOADING" in str(exc) or "BUSY" in str(exc):
                 raise LogUnavailable(f"Redis at {self.url} not ready: {exc}") from None
@@ -266,8 +268,8 @@ class RedisLog(NotificationLog):
             if not staged:
                 return int(await self._call(self._append(keys=keys, args=args)))
             # One connection to the slot's primary: WAIT counts the replicas that
-            # have this append (redisurl.primary_for says why a cluster needs it).
-            primary = await self._call(redisurl.primary_for(self._redis, log))
+            # have this append (redisurl.Primaries says why a cluster needs it).
+            primary = await self._call(self._primaries.of(log))
             async with primary.pipeline(transaction=False) as pipe:
                 await self._append(keys=keys, args=args, client=pipe)  # queued, not sent
                 pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
@@ -305,7 +307,7 @@ class RedisLog(NotificationLog):
                     extra={"collection": collection},
                 )
                 next_warning += WARN_EVERY
-            primary = await self._call(redisurl.primary_for(self._redis, log))
+            primary = await self._call(self._primaries.of(log))
             async with primary.pipeline(transaction=False) as pipe:
                 # Any later write on the connection: replication is one ordered stream.
                 pipe.hset(meta, "replicated_probe", int(time.time() * 1000))
@@ -400,5 +402,6 @@ class RedisLog(NotificationLog):
         await self._call(self._redis.hset(meta, "capabilitylist", capability_list))
 
     async def close(self) -> None:
+        await self._primaries.aclose()
         await self._redis.aclose()
         await self._blocking.aclose()
