@@ -60,7 +60,9 @@ from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 
 __all__ = [
     "CLUSTER_SCHEME",
@@ -232,12 +234,37 @@ class ClusterClient(_RedisCluster):  # type: ignore[misc]
         finally:
             self._places.release()
 
+    def register_script(self, script: Any) -> Any:
+        return _ClusterScript(self, script)
+
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         if shard_hint:
             raise ValueError("a cluster pipeline takes no shard_hint")
         # Ignored: redis-py declares _event_dispatcher abstract on a mixin that
         # ClusterPipeline sets at run time; RedisCluster.pipeline does just this.
         return _ClusterPipeline(self, transaction)  # type: ignore[abstract]
+
+class _ClusterScript(AsyncScript):
+    """A script that runs by its text when ``EVALSHA`` still finds no script after loading.
+
+    A replica promoted by a failover has an empty script cache (Redis does not
+    replicate it), and redis-py's retry, ``SCRIPT LOAD`` to every primary,
+    goes by the slot map it had, which may not list the new primary yet; the
+    second ``EVALSHA`` then fails as the first did.  ``EVAL`` with the text
+    works on whichever node owns the slot (and caches the script there).
+    """
+
+    async def __call__(
+        self, keys: Any = None, args: Any = None, client: Any = None
+    ) -> Any:  # Any: the signature of redis-py's untyped AsyncScript.__call__
+        try:
+            return await super().__call__(keys, args, client)
+        except NoScriptError:
+            keys, args = list(keys or []), list(args or [])
+            # Any: a Redis or RedisCluster, either way with eval(); the text is a str.
+            target: Any = self.registered_client if client is None else client
+            return await target.eval(self.script, len(keys), *keys, *args)
+
 
 class _ClusterPipeline(ClusterPipeline):
     """redis-py's cluster pipeline; a connection closed under it is a ConnectionError."""
