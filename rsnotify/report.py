@@ -55,7 +55,7 @@ from urllib.parse import urlsplit
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
 from . import redisurl
@@ -287,7 +287,7 @@ class _Writer:
             return
         try:
             await pipe.execute()
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:
             self._drop(len(batch) + len(events))
             if self._errors_metric is not None:
                 self._errors_metric.inc()

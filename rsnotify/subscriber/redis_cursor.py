@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import redisurl
@@ -74,7 +74,7 @@ class RedisCursorStore:
     async def _call(self, awaitable: Any) -> Any:
         try:
             return await awaitable
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as exc:
             raise CursorStoreUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
         except RedisError as exc:
             raise CursorStoreUnavailable(f"Redis at {self.url}: {exc}") from None

@@ -262,11 +262,11 @@ return 0
         self._put = self._redis.register_script(self._PUT)
 
     async def _call(self, coro: Any) -> Any:
-        from redis.exceptions import RedisError
+        from redis.exceptions import RedisClusterException, RedisError
 
         try:
             return await coro
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:
             raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
 
     async def load(self) -> list[Subscription]:
