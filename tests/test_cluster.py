@@ -267,9 +267,10 @@ def test_cluster_failover_under_load_never_gives_a_pushed_seq_another_entry(
 
     Three primaries with a replica each; six collections over the shards;
     3,000 changes; a publisher (MQTT), a WebSocket gateway (``--ws-only``)
-    and two ``rsnotify subscribe`` mirrors (one per transport), all on the
-    cluster.  The primary owning the most collections is ``kill -9``'d
-    mid-run and its replica promoted.  An independent MQTT subscriber and an
+    and two ``rsnotify subscribe`` mirrors (one per transport, their cursors
+    and telemetry in the cluster too), all on the cluster.  The primary
+    owning the most collections is ``kill -9``'d mid-run and its replica
+    promoted.  An independent MQTT subscriber and an
     independent WebSocket client record seq -> entry: no seq may map to two
     entries, every entry arrives, each collection's log equals its Change
     Lists entry for entry, and both mirrors converge on the Source.
@@ -318,6 +319,8 @@ def test_cluster_failover_under_load_never_gives_a_pushed_seq_another_entry(
             subscribers[name] = run(
                 "subscribe", base, "--into", str(mirror), "--via", vias[name],
                 "--name", f"sub-{name}", "--log-format", "text",
+                # Their cursors and telemetry on the cluster too.
+                "--redis", cluster.url, "--report", cluster.url,
                 name=f"subscribe-{name}",
             )  # fmt: skip
         for process in subscribers.values():
@@ -381,6 +384,15 @@ def test_cluster_failover_under_load_never_gives_a_pushed_seq_another_entry(
         for name, mirror in mirrors.items():
             freeze_and_converge(base, mirror, converge_timeout=90)
             assert subscribers[name].running, subscribers[name].tail()
+        # The cursors the subscribers keep in the cluster reach the end of every log.
+        wanted = {cid: len(expected[cid]) for cid in ids}
+        for name in mirrors:
+            wait_for(
+                lambda n=name: _cursors(cluster, f"sub-{n}") == wanted,
+                timeout=30,
+                interval=0.2,
+                message=lambda n=name: f"{n}: {_cursors(cluster, f'sub-{n}')} != {wanted}",
+            )
         assert publisher.running and gateway.running
         hit = [cid for cid in ids if owners[cid] is victim]
         pauses = [round(r.worst_pause_after(killed, hit), 2) for r in recorders]
@@ -396,3 +408,13 @@ def test_cluster_failover_under_load_never_gives_a_pushed_seq_another_entry(
             recorder.close()
         for process in reversed(processes):
             process.terminate()
+
+
+def _cursors(cluster: RedisCluster, destination: str) -> dict[str, int | None]:
+    """The last seq of each collection in a subscriber's cursors (``--redis``)."""
+    key = f"rsn:dest:{{{destination}}}:cursors"
+    client = cluster.primary_for(key).client()
+    try:
+        return {k.decode(): json.loads(v)["last_seq"] for k, v in client.hgetall(key).items()}
+    finally:
+        client.close()
