@@ -32,10 +32,11 @@ from rsnotify.subscriber.redis_cursor import RedisCursorStore
 from rsnotify.tracker import Checkpoint
 from rsnotify.transport.topics import Topics
 from rsnotify.transport.websubproto import Subscription as WebSubSubscription
-from rsnotify.transport.websubstore import RedisStore
+from rsnotify.transport.websubstore import RedisStore, to_json
 from tests.devstack import (
     ManagedProcess,
     Mosquitto,
+    Redis,
     RedisCluster,
     async_wait_for,
     free_port,
@@ -416,5 +417,29 @@ def _cursors(cluster: RedisCluster, destination: str) -> dict[str, int | None]:
     client = cluster.primary_for(key).client()
     try:
         return {k.decode(): json.loads(v)["last_seq"] for k, v in client.hgetall(key).items()}
+    finally:
+        client.close()
+
+
+async def test_websub_subscriptions_stored_before_the_hash_tag_are_renamed(
+    redis_server: Redis,
+) -> None:
+    """A single server's ``rsn:websub:*`` hashes (before ``{websub}``) load as before."""
+    sub = WebSubSubscription(
+        collection="c", topic="http://t/c", callback="http://cb/", secret=None,
+        lease_seconds=60, expires=time.time() + 60, cursor=3,
+    )  # fmt: skip
+    client = redis_server.client()
+    try:
+        field = "c\nhttp://cb/"  # websubstore's field: collection, newline, callback
+        client.hset("rsn:websub:subscriptions", field, to_json(sub))
+        client.hset("rsn:websub:cursors", field, 9)
+        store = RedisStore(redis_server.url)
+        try:
+            assert [(s.key, s.cursor) for s in await store.load()] == [(sub.key, 9)]
+        finally:
+            await store.close()
+        assert client.exists("rsn:websub:subscriptions", "rsn:websub:cursors") == 0
+        assert client.hget(RedisStore.CURSORS, field) == b"9"
     finally:
         client.close()
