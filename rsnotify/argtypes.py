@@ -40,7 +40,7 @@ __all__ = [
     "source_location",
 ]
 
-REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")
 HTTP_SCHEMES = ("http", "https")
 
 
@@ -189,7 +189,8 @@ def _url(text: str, schemes: tuple[str, ...], what: str, *, host: bool) -> str:
 def redis_url(text: str) -> str:
     """``redis://[user:pass@]host:port/db``, ``rediss://...``, ``unix:///path`` or Sentinel.
 
-    ``redis+sentinel://host:port[,host:port...]/service[/db]``: see :mod:`rsnotify.redisurl`.
+    ``redis+sentinel://host:port[,host:port...]/service[/db]`` and
+    ``redis+cluster://host:port[,host:port...][/0]``: see :mod:`rsnotify.redisurl`.
     """
     if text.strip().lower().startswith("redis+sentinel://"):
         from .redisurl import parse_sentinel  # redis-py only when a Sentinel URL is given
@@ -198,6 +199,14 @@ def redis_url(text: str) -> str:
             parse_sentinel(text)
         except ValueError as exc:
             raise _refuse(f"{text!r} is not a Redis Sentinel URL: {exc}") from None
+        return text.strip()
+    if text.strip().lower().startswith("redis+cluster://"):
+        from .redisurl import parse_cluster  # redis-py only when a Cluster URL is given
+
+        try:
+            parse_cluster(text)
+        except ValueError as exc:
+            raise _refuse(f"{text!r} is not a Redis Cluster URL: {exc}") from None
         return text.strip()
     return _url(text, REDIS_SCHEMES, "a Redis URL", host=False)
 

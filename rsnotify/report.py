@@ -55,7 +55,7 @@ from urllib.parse import urlsplit
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
 from . import redisurl
@@ -92,8 +92,8 @@ def check_url(url: str) -> str:
     scheme = urlsplit(url).scheme
     if scheme not in REDIS_SCHEMES:
         raise ReportError(
-            f"{url!r}: a telemetry target must be a redis://, rediss://, unix:// "
-            "or redis+sentinel:// URL"
+            f"{url!r}: a telemetry target must be a redis://, rediss://, unix://, "
+            "redis+sentinel:// or redis+cluster:// URL"
         )
     return url
 
@@ -283,7 +283,7 @@ class _Writer:
             return
         try:
             await pipe.execute()
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:
             self._drop(len(batch) + len(events))
             if self._errors_metric is not None:
                 self._errors_metric.inc()

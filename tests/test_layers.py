@@ -66,7 +66,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "rsnotify.discovery",
             "rsnotify.changes",  # Change List reading, shared by publisher and subscriber
             "rsnotify.log",
-            "rsnotify.redisurl",  # Redis and Sentinel URLs to clients, for every component
+            "rsnotify.redisurl",  # Redis, Sentinel and Cluster URLs to clients, for every component
             "rsnotify.outbound",
             "rsnotify.transport",
             "rsnotify.report",

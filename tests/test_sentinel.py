@@ -9,21 +9,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
-import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 from redis.exceptions import RedisError
 
-from rsnotify import argtypes, report, sitemap, w3cdt
+from rsnotify import argtypes, report
 from rsnotify.collection import collection_id
 from rsnotify.dashboard.collector import Collector
 from rsnotify.dashboard.state import DashboardState
@@ -44,6 +39,7 @@ from tests.devstack import (
     async_wait_for,
     wait_for,
 )
+from tests.failover import MqttSeqRecorder, change_list, identity, made, post
 
 
 @pytest.mark.parametrize(
@@ -133,74 +129,15 @@ async def test_the_log_follows_the_primary_through_a_failover(
         await log.close()
 
 
-def _change_list(base: str) -> list[tuple[str, str, str]]:
-    index = sitemap.parse(_get(f"{base}c1/changelist.xml"))
-    return [
-        (e.loc, w3cdt.format(e.change_time), e.change.value)
-        for ref in index.entries
-        for e in sitemap.parse(_get(ref.loc))
-    ]
-
-
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url) as response:
-        return response.read()
-
-
-def _made(base: str) -> int:
-    """Changes the simulator has made so far."""
-    return int(json.loads(_get(f"{base}_simulator/stats"))["changes"])
-
-
-def _post(url: str) -> None:
-    with urllib.request.urlopen(urllib.request.Request(url, method="POST", data=b"")) as r:
-        r.read()
-
-
-def _describe(group: SentinelGroup, cid: str, recorder: SeqRecorder) -> str:
+def _describe(group: SentinelGroup, cid: str, recorder: MqttSeqRecorder) -> str:
     client = group.primary().client()
     try:
         meta = client.hgetall(f"rsn:{{{cid}}}:meta")
         cursors = client.hgetall(f"rsn:{{{cid}}}:cursors")
     finally:
         client.close()
-    received = max(recorder.received, default=0)
+    received = max(recorder.seqs[cid], default=0)
     return f"log meta {meta.get(b'head')}, cursors {cursors}, received up to {received}"
-
-
-class SeqRecorder:
-    """An independent MQTT subscriber: seq -> entry identity, and every seq that changed meaning."""
-
-    def __init__(self, mosquitto: Mosquitto, topic: str) -> None:
-        self.received: dict[int, str] = {}
-        self.arrivals: list[float] = []
-        self.reused: list[tuple[int, str, str]] = []
-        self._lock = threading.Lock()
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="sentinel-test-sub")
-        self.client.on_message = self._on_message
-        self.client.on_connect = lambda c, u, f, rc, p=None: c.subscribe(topic, qos=1)
-        self.client.connect(mosquitto.host, mosquitto.port)
-        self.client.loop_start()
-
-    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
-        n = json.loads(message.payload)
-        identity = f"{n['loc']} {n['datetime']} {n['change']}"
-        with self._lock:
-            self.arrivals.append(time.monotonic())
-            before = self.received.setdefault(n["seq"], identity)
-            if before != identity:
-                self.reused.append((n["seq"], before, identity))
-
-    def worst_pause_after(self, moment: float) -> float:
-        """The longest gap between arrivals that spans ``moment`` (a failover)."""
-        with self._lock:
-            times = sorted(self.arrivals)
-        gaps = [b - a for a, b in itertools.pairwise(times) if b >= moment]
-        return max(gaps[:50], default=0.0)
-
-    def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
 
 
 def run_failovers(
@@ -211,7 +148,7 @@ def run_failovers(
     changes: int,
     failovers: int,
     extra: tuple[str, ...] = (),
-) -> tuple[SeqRecorder, list[float], list[tuple[str, str, str]], list[dict[str, Any]]]:
+) -> tuple[MqttSeqRecorder, list[float], list[tuple[str, str, str]], list[dict[str, Any]]]:
     """A publisher on ``group`` pushes ``changes`` at 200/s while the primary is killed.
 
     Returns the subscriber's record, the worst pause in pushing per failover,
@@ -223,17 +160,17 @@ def run_failovers(
         workdir=tmp_path, name="simulate",
     ).start()  # fmt: skip
     publisher: ManagedProcess | None = None
-    recorder: SeqRecorder | None = None
+    recorder: MqttSeqRecorder | None = None
     try:
         base = sim.wait_for_line(r"serving (http://\S+)").group(1)
         cid = collection_id(f"{base}c1/capabilitylist.xml")
-        recorder = SeqRecorder(mosquitto, Topics().changes(cid))
+        recorder = MqttSeqRecorder(mosquitto, [Topics().changes(cid)], "sentinel-test-sub")
         publisher = ManagedProcess.rsnotify(
             "publish", base, "--redis", group.url, "--mqtt", mosquitto.url,
             "--poll", "0.05", "--from-beginning", "--log-format", "text", *extra,
             workdir=tmp_path, name="publish",
         ).start()  # fmt: skip
-        _post(f"{base}_simulator/resume")
+        post(f"{base}_simulator/resume")
         pauses = []
         spacing = changes // (failovers + 1)
         for k in range(1, failovers + 1):
@@ -241,16 +178,16 @@ def run_failovers(
             # pause measured is the failover's, not a backlog's.
             wait_for(
                 lambda k=k: (
-                    (made := _made(base)) >= k * spacing and len(recorder.received) >= made - 100
+                    (n := made(base)) >= k * spacing and recorder.count() >= n - 100
                 ),
                 timeout=60,
                 interval=0.05,
             )
             killed = time.monotonic()
             group.fail_over()
-            arrived = len(recorder.received)
+            arrived = recorder.count()
             wait_for(
-                lambda arrived=arrived: len(recorder.received) >= min(changes, arrived + 50),
+                lambda arrived=arrived: recorder.count() >= min(changes, arrived + 50),
                 timeout=30,
                 message=lambda: (
                     f"no pushes after the failover; {_describe(group, cid, recorder)}\n"
@@ -258,8 +195,8 @@ def run_failovers(
                 ),
             )
             pauses.append(recorder.worst_pause_after(killed))
-        wait_for(lambda: len(recorder.received) >= changes, timeout=90, message=publisher.tail)
-        expected = _change_list(base)
+        wait_for(lambda: recorder.count() >= changes, timeout=90, message=publisher.tail)
+        expected = change_list(base)
         client = group.primary().client()
         try:
             rows = client.xrange(f"rsn:{{{cid}}}:log", "-", "+")
@@ -292,12 +229,12 @@ def test_failover_under_load_never_gives_a_pushed_seq_another_entry(
         tmp_path, mosquitto, sentinel_group, changes=changes, failovers=3
     )
     assert recorder.reused == [], "a pushed seq came to mean another entry"
-    assert sorted(recorder.received) == list(range(1, changes + 1))
+    (received,) = recorder.seqs.values()
+    assert sorted(received) == list(range(1, changes + 1))
     assert [n["seq"] for n in logged] == list(range(1, changes + 1)), "seqs dense, unique"
     assert [(n["loc"], n["datetime"], n["change"]) for n in logged] == expected
-    for seq, identity in recorder.received.items():
-        n = logged[seq - 1]
-        assert identity == f"{n['loc']} {n['datetime']} {n['change']}", seq
+    for seq, meaning in received.items():
+        assert meaning == identity(logged[seq - 1]), seq
     print(f"worst pause in pushing per failover (s): {[round(p, 2) for p in pauses]}")
     assert len(pauses) == 3
 

@@ -3,12 +3,13 @@
 Two kinds of reading, each on its own connection:
 
 * a **tail** of the telemetry streams (latency samples and events) with a
-  blocking ``XREAD``, so every sample is counted once, as it arrives;
+  blocking ``XREAD`` per stream, so every sample is counted once, as it arrives;
 * a **refresh** once per snapshot: the collections (``rsn:collections``),
   each log's head and earliest entry, the new entries of each log (their
   logged and change times, for lag and publish rate), and the status of every
   subscriber and publisher, in two or three pipelined round trips whatever
-  the number of subscribers.
+  the number of subscribers (in a Redis Cluster redis-py splits each pipeline
+  per node and sends the parts at once).
 
 With ``--mqtt`` it also subscribes to the retained ``<prefix>/+/head``
 messages, whose heartbeat tells whether a publisher is alive even when it
@@ -31,7 +32,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 import paho.mqtt.client as mqtt
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from .. import redisurl, w3cdt
 from ..backoff import Backoff
@@ -106,7 +107,8 @@ def _status(raw: bytes | None) -> dict[str, Any] | None:
 def check_redis_url(url: str) -> str:
     if urlsplit(url).scheme not in redisurl.SCHEMES:
         raise RsNotifyError(
-            f"{url!r}: --redis must be a redis://, rediss://, unix:// or redis+sentinel:// URL"
+            f"{url!r}: --redis must be a redis://, rediss://, unix://, redis+sentinel:// "
+            "or redis+cluster:// URL"
         )
     return url
 
@@ -224,34 +226,45 @@ class Collector:
 
     async def _tail(self) -> None:
         backoff = Backoff(maximum=5.0)
-        backfilled = False
         while True:
             try:
-                if not backfilled:
-                    await self._backfill()
-                    backfilled = True
-                    self.backfilled.set()
+                await self._backfill()
+                break
+            except (RedisError, RedisClusterException, OSError) as exc:
+                delay = backoff.next()
+                log.warning("reading telemetry streams failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+        self.backfilled.set()
+        await asyncio.gather(self._follow(SAMPLES_KEY), self._follow(EVENTS_KEY))
+
+    async def _follow(self, key: str) -> None:
+        """A blocking ``XREAD`` of one stream, for ever.
+
+        One stream per read: in a Redis Cluster the two streams live in
+        different slots, which one ``XREAD`` cannot span (a shared hash tag
+        would rename the keys every reporter writes).
+        """
+        backoff = Backoff(maximum=5.0)
+        while True:
+            position = self._samples_id if key == SAMPLES_KEY else self._events_id
+            try:
                 reply = cast(
                     XReadReply,
-                    await self._blocking.xread(
-                        {SAMPLES_KEY: self._samples_id, EVENTS_KEY: self._events_id},
-                        count=TAIL_BATCH,
-                        block=1000,
-                    ),
+                    await self._blocking.xread({key: position}, count=TAIL_BATCH, block=1000),
                 )
                 raise_if_cancelled()
                 backoff.reset()
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError) as exc:
+            except (RedisError, RedisClusterException, OSError) as exc:
                 delay = backoff.next()
-                log.warning("reading telemetry streams failed (%s); retrying in %.1fs", exc, delay)
+                log.warning("reading %s failed (%s); retrying in %.1fs", key, exc, delay)
                 await asyncio.sleep(delay)
                 continue
-            for key, rows in reply or ():
+            for _key, rows in reply or ():
                 if not rows:
                     continue
-                if redisurl.reply_text(key) == SAMPLES_KEY:
+                if key == SAMPLES_KEY:
                     self._ingest_samples(rows)
                     self._samples_id = redisurl.reply_text(rows[-1][0])
                 else:
@@ -265,7 +278,7 @@ class Collector:
         """Read collections, heads, log tails and statuses; on failure keep what we had."""
         try:
             await self._refresh()
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:
             if self.ok or self.error is None:
                 log.warning("Redis at %s unavailable: %s", self.url, exc)
             self.ok = False
@@ -299,10 +312,12 @@ class Collector:
                 pipe.xrevrange(log_key, "+", "-", count=TAIL_START)
             else:
                 pipe.xrange(log_key, f"({last}-0", "+", count=TAIL_BATCH)
-        if subs:
-            pipe.mget([subscriber_key(n) for n in subs])
-        if pubs:
-            pipe.mget([publisher_key(p) for p in pubs])
+        # A GET per status, not MGET: statuses are plain keys, in a cluster spread
+        # over slots; one pipeline is still one round trip (per node).
+        for name in subs:
+            pipe.get(subscriber_key(name))
+        for pid in pubs:
+            pipe.get(publisher_key(pid))
         replies = await pipe.execute()
         for i, cid in enumerate(cids):
             head, first, tail = replies[3 * i : 3 * i + 3]
@@ -314,8 +329,7 @@ class Collector:
             rows = tail if info.index.last is not None else list(reversed(tail))
             info.index.extend(_log_entry(stream_id, fields) for stream_id, fields in rows)
         rest = replies[3 * len(cids) :]
-        statuses = rest.pop(0) if subs else []
-        published = rest.pop(0) if pubs else []
+        statuses, published = rest[: len(subs)], rest[len(subs) :]
         state.subscribers = {
             name: status
             for name, raw in zip(subs, statuses, strict=True)

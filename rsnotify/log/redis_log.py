@@ -13,19 +13,22 @@ Stream ids are the sequence numbers themselves, so ``XRANGE``/``XREAD`` from
 Run Redis with ``appendonly yes`` (see deploy/redis.conf): the log is only as
 durable as the AOF.
 
-Replication before push (``wait_replicas``, issue 19).  Redis replication is
+Replication before push (``wait_replicas``, issue 19). Redis replication is
 asynchronous: a primary that dies can take its last writes with it, and a
-promoted replica would then number the next entries from a rolled-back head.
-A sequence number some Destination already received would come to mean
-another entry.  So with ``wait_replicas = N > 0`` an append is *staged*: the
-Lua script assigns the seqs and stores the checkpoint as before, but writes
-the entries to ``rsn:{c}:pending``, where no reader looks.  On the same
-connection ``WAIT N timeout`` follows (Redis 7.0 has no ``WAITAOF``; that is
-7.2); once N replicas acknowledged it, a second script moves the pending
-entries to the log stream with the same ids, where transports and gateways
-in every process find them.  So everything any transport can push is on
-N replicas as well, and a promoted replica that has it is what Sentinel
-picks (the replica with the largest replication offset).
+promoted replica would then number the next entries from a rolled-back head. A
+sequence number some Destination already received would come to mean another
+entry. So with ``wait_replicas = N > 0`` an append is *staged*: the Lua script
+assigns the seqs and stores the checkpoint as before, but writes the entries
+to ``rsn:{c}:pending``, where no reader looks. On the same connection (in a
+Redis Cluster: to the primary owning the collection's slot, see
+:class:`rsnotify.redisurl.Primaries`) ``WAIT N timeout`` follows (Redis 7.0
+has no ``WAITAOF``; that is 7.2); once N replicas acknowledged it, a second
+script moves the pending entries to the log stream with the same ids, where
+transports and gateways in every process find them. So everything any
+transport can push is on N replicas as well, and a promoted replica that has
+it is what Sentinel picks (the replica with the largest replication offset),
+as does a cluster's automatic failover (replicas with more data ask for votes
+first).
 
 When ``WAIT`` times out the entries stay pending: :meth:`append` logs a
 warning and waits again (a probe write and ``WAIT``) until enough replicas
@@ -49,8 +52,15 @@ from typing import Any
 
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    OutOfMemoryError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import redisurl
@@ -62,6 +72,9 @@ from . import Fenced, LogConflict, LogRecord, LogUnavailable, NotificationLog, R
 _log = logging.getLogger("rsnotify.log")
 
 COLLECTIONS_KEY = "rsn:collections"
+# Replies of a cluster node that does not serve the slot (now): the command did not run.
+# (MovedError is an AskError; redis-py strips the word MOVED from the message.)
+_MOVING = (AskError, TryAgainError, ClusterDownError)
 
 # KEYS: log, meta, pending.  ARGV: expected head, checkpoint, fence ('' = none),
 # now ms, max_len ('' = none), stage ('1': to pending, see above; '' = to the log),
@@ -185,6 +198,8 @@ class RedisLog(NotificationLog):
         # A separate client for blocking reads, so a long XREAD BLOCK never
         # holds up appends on a shared connection's timeout.
         self._blocking = redisurl.client(url, socket_connect_timeout=socket_timeout)
+        # Plain clients of the primaries, for WAIT (the client itself outside a cluster).
+        self._primaries = redisurl.Primaries(self._redis)
         self._append = self._redis.register_script(_APPEND)
         self._set_cursor = self._redis.register_script(_SET_CURSOR)
         self._release = self._redis.register_script(_RELEASE)
@@ -192,9 +207,16 @@ class RedisLog(NotificationLog):
     async def _call(self, coro: Any) -> Any:
         try:
             return await coro
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as exc:
+            # A cluster's failover (a lost node, a slot map mid-change): read it again.
+            self._primaries.topology_changed()
             raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
         except ResponseError as exc:
+            if isinstance(exc, _MOVING):
+                # A plain client of a primary (redisurl.Primaries) that no longer
+                # owns the slot; nothing ran, the caller retries after its backoff.
+                self._primaries.topology_changed()
+                raise LogUnavailable(f"Redis at {self.url} is failing over: {exc}") from None
             if "LOADING" in str(exc) or "BUSY" in str(exc):
                 raise LogUnavailable(f"Redis at {self.url} not ready: {exc}") from None
             if isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM"):
@@ -245,8 +267,10 @@ class RedisLog(NotificationLog):
         try:
             if not staged:
                 return int(await self._call(self._append(keys=keys, args=args)))
-            # One connection: WAIT counts the replicas that have this append.
-            async with self._redis.pipeline(transaction=False) as pipe:
+            # One connection to the slot's primary: WAIT counts the replicas that
+            # have this append (redisurl.Primaries says why a cluster needs it).
+            primary = await self._call(self._primaries.of(log))
+            async with primary.pipeline(transaction=False) as pipe:
                 await self._append(keys=keys, args=args, client=pipe)  # queued, not sent
                 pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
                 head, acked = await self._call(pipe.execute())
@@ -283,7 +307,8 @@ class RedisLog(NotificationLog):
                     extra={"collection": collection},
                 )
                 next_warning += WARN_EVERY
-            async with self._redis.pipeline(transaction=False) as pipe:
+            primary = await self._call(self._primaries.of(log))
+            async with primary.pipeline(transaction=False) as pipe:
                 # Any later write on the connection: replication is one ordered stream.
                 pipe.hset(meta, "replicated_probe", int(time.time() * 1000))
                 pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
@@ -327,7 +352,9 @@ class RedisLog(NotificationLog):
                 reply: Any = await self._blocking.xread(
                     {log: f"{after}-0"}, count=limit, block=block_ms
                 )
-        except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
+        except (
+            RedisConnectionError, RedisTimeoutError, OSError, TimeoutError, RedisClusterException
+        ) as exc:  # fmt: skip
             raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
         if not reply:
             return []
@@ -375,5 +402,6 @@ class RedisLog(NotificationLog):
         await self._call(self._redis.hset(meta, "capabilitylist", capability_list))
 
     async def close(self) -> None:
+        await self._primaries.aclose()
         await self._redis.aclose()
         await self._blocking.aclose()

@@ -91,7 +91,8 @@ WHERE = Group(
         default=None,
         metavar="N",
         help="push a logged entry only once N Redis replicas hold it (WAIT), so a failover "
-        "cannot lose it (default: 1 with a redis+sentinel:// URL, else 0; see deploy/README.md)",
+        "cannot lose it (default: 1 with a redis+sentinel:// or redis+cluster:// URL, else 0; "
+        "see deploy/README.md)",
     ),
     option(
         "--redis-wait-ms",

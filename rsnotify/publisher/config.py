@@ -118,7 +118,7 @@ class PublisherConfig:
     ws_max_per_address: int | None = None  # connections per client address (None: the default)
     redis_wait: float = 60.0  # seconds start-up waits for the log's Redis before exiting
     # Replicas that must hold a logged entry before it is pushed (None: 1 with a
-    # redis+sentinel:// URL, else 0), and how long each WAIT for them lasts.
+    # redis+sentinel:// or redis+cluster:// URL, else 0), and how long each WAIT lasts.
     redis_wait_replicas: int | None = None
     redis_wait_ms: int = 1000
 
@@ -126,7 +126,8 @@ class PublisherConfig:
         """The replicas to wait for (issue 19: a failover must not lose what was pushed)."""
         if self.redis_wait_replicas is not None:
             return self.redis_wait_replicas
-        return 1 if self.redis and redisurl.is_sentinel(self.redis) else 0
+        url = self.redis or ""
+        return 1 if redisurl.is_sentinel(url) or redisurl.is_cluster(url) else 0
 
     def framework_enabled(self) -> bool:
         """Framework notifications travel on the WebSub hub's framework topics only."""

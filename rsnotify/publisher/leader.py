@@ -21,6 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from redis.exceptions import ClusterDownError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -128,7 +129,10 @@ class LeaderElection:
                         await on_deposed()
                         continue
                     wait = renew_every
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            except (
+                RedisConnectionError, RedisTimeoutError, OSError,
+                ClusterDownError, RedisClusterException,  # a cluster failing over
+            ) as exc:  # fmt: skip
                 # Cannot renew: assume the lease is lost before its TTL can pass.
                 if self.leadership is not None:
                     log.warning("cannot reach Redis to renew the lease (%s); standing down", exc)

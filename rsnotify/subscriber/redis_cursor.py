@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import redisurl
@@ -86,7 +86,7 @@ class RedisCursorStore:
     async def _call(self, awaitable: Any) -> Any:
         try:
             return await awaitable
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as exc:
             raise CursorStoreUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
         except RedisError as exc:
             raise CursorStoreUnavailable(f"Redis at {self.url}: {exc}") from None
@@ -167,7 +167,10 @@ class RedisCursorStore:
         """Record a gap, catch-up, reconnect or refusal for audits and the dashboard."""
         entry = json.dumps([time.time(), collection, kind, detail])
         try:
-            async with self._redis.pipeline(transaction=True) as pipe:
+            # Not MULTI/EXEC: redis-py runs a cluster's transactions on a loop of
+            # their own (see transport/websubstore.py); a list capped a moment
+            # late is no harm.
+            async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.lpush(self._events_key, entry)
                 pipe.ltrim(self._events_key, 0, MAX_EVENTS - 1)
                 await self._call(pipe.execute())

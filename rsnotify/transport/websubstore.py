@@ -202,10 +202,21 @@ class SQLiteStore(SubscriptionStore):
 
 
 class RedisStore(SubscriptionStore):
-    """Two hashes: ``rsn:websub:subscriptions`` (JSON records), ``rsn:websub:cursors``."""
+    """Two hashes: ``rsn:{websub}:subscriptions`` (JSON records), ``rsn:{websub}:cursors``.
 
-    SUBSCRIPTIONS = "rsn:websub:subscriptions"
-    CURSORS = "rsn:websub:cursors"
+    One hash tag, so a Redis Cluster keeps both in one slot: a subscription and
+    its cursor are written together and the advance script reads one and
+    writes the other, which a cluster refuses across slots.  Together means a
+    script here, not MULTI/EXEC: redis-py's cluster transactions run each
+    queued command on an event loop of their own in a thread (redis-py 8.1),
+    which breaks a client whose first command that is.  Before
+    that tag they were ``rsn:websub:...``; :meth:`load` renames those (only a
+    single server or Sentinel can hold them: no write to both ran in a cluster).
+    """
+
+    SUBSCRIPTIONS = "rsn:{websub}:subscriptions"
+    CURSORS = "rsn:{websub}:cursors"
+    BEFORE_TAGS = {"rsn:websub:subscriptions": SUBSCRIPTIONS, "rsn:websub:cursors": CURSORS}
 
     # Cursors move forward only, and only for subscriptions that still exist.
     _ADVANCE = """
@@ -216,6 +227,18 @@ for i = 1, #ARGV, 2 do
       redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
     end
   end
+end
+return 0
+"""
+
+    # KEYS: subscriptions, cursors.  ARGV: field, record ('' = delete), cursor.
+    _PUT = """
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 end
 return 0
 """
@@ -236,16 +259,20 @@ return 0
             socket_connect_timeout=socket_timeout,
         )
         self._advance = self._redis.register_script(self._ADVANCE)
+        self._put = self._redis.register_script(self._PUT)
 
     async def _call(self, coro: Any) -> Any:
-        from redis.exceptions import RedisError
+        from redis.exceptions import RedisClusterException, RedisError
 
         try:
             return await coro
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:
             raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
 
     async def load(self) -> list[Subscription]:
+        for before, now in self.BEFORE_TAGS.items():
+            if await self._call(self._redis.exists(before)):
+                await self._call(self._redis.renamenx(before, now))
         records = await self._call(self._redis.hgetall(self.SUBSCRIPTIONS))
         cursors = await self._call(self._redis.hgetall(self.CURSORS))
         subs = []
@@ -256,18 +283,12 @@ return 0
         return subs
 
     async def save(self, sub: Subscription) -> None:
-        name = _field(*sub.key)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hset(self.SUBSCRIPTIONS, name, to_json(sub))
-        pipe.hset(self.CURSORS, name, sub.cursor)
-        await self._call(pipe.execute())
+        keys = [self.SUBSCRIPTIONS, self.CURSORS]
+        await self._call(self._put(keys=keys, args=[_field(*sub.key), to_json(sub), sub.cursor]))
 
     async def delete(self, collection: str, callback: str) -> None:
-        name = _field(collection, callback)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hdel(self.SUBSCRIPTIONS, name)
-        pipe.hdel(self.CURSORS, name)
-        await self._call(pipe.execute())
+        keys = [self.SUBSCRIPTIONS, self.CURSORS]
+        await self._call(self._put(keys=keys, args=[_field(collection, callback), "", 0]))
 
     async def save_cursors(self, cursors: dict[tuple[str, str], int]) -> None:
         if not cursors:

@@ -24,7 +24,8 @@ One job per module:
   of a server on a fixed port;
 * :mod:`.brokers`, :mod:`.redis_server`, :mod:`.static`: the servers
   themselves (Mosquitto, NATS, Redis, nginx, ``python -m http.server``);
-* :mod:`.sentinel`: a Redis primary, replicas and Sentinels, with failover.
+* :mod:`.sentinel`: a Redis primary, replicas and Sentinels, with failover;
+* :mod:`.cluster`: a Redis Cluster (primaries with replicas), with failover.
 
 Importing this package changes no global state; the first
 :meth:`ManagedProcess.start` installs the safety nets (see :mod:`.process`).
@@ -33,6 +34,7 @@ Importing this package changes no global state; the first
 from __future__ import annotations
 
 from .brokers import Mosquitto, NatsServer, mosquitto_password_line, mqtt_connack
+from .cluster import ClusterNode, Failover, RedisCluster
 from .ports import HOST, free_port
 from .process import STOP_TIMEOUT, ManagedProcess, OutputMark, StrPath, rsnotify_command
 from .redis_server import Redis
@@ -45,6 +47,8 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "HOST",
     "STOP_TIMEOUT",
+    "ClusterNode",
+    "Failover",
     "HttpServer",
     "ManagedProcess",
     "Mosquitto",
@@ -52,6 +56,7 @@ __all__ = [
     "Nginx",
     "OutputMark",
     "Redis",
+    "RedisCluster",
     "Sentinel",
     "SentinelGroup",
     "Service",

@@ -1,0 +1,158 @@
+"""What the Redis failover tests share (Sentinel and Cluster, issue 19).
+
+Independent witnesses of what was pushed: an MQTT subscriber
+(:class:`MqttSeqRecorder`) and a WebSocket client (:class:`WsSeqRecorder`),
+neither of them rsnotify's subscriber, each recording seq -> entry identity
+per collection and every seq that arrived meaning another entry; and the
+Change Lists read back from the simulator, to compare the log with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import websockets
+from paho.mqtt.enums import CallbackAPIVersion
+
+from rsnotify import sitemap, w3cdt
+from tests.devstack import Mosquitto
+
+__all__ = [
+    "MqttSeqRecorder",
+    "SeqRecord",
+    "WsSeqRecorder",
+    "change_list",
+    "get",
+    "identity",
+    "made",
+    "post",
+]
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url) as response:
+        return response.read()
+
+
+def post(url: str) -> None:
+    with urllib.request.urlopen(urllib.request.Request(url, method="POST", data=b"")) as r:
+        r.read()
+
+
+def made(base: str) -> int:
+    """Changes the simulator has made so far (all collections)."""
+    return int(json.loads(get(f"{base}_simulator/stats"))["changes"])
+
+
+def change_list(base: str, name: str = "c1") -> list[tuple[str, str, str]]:
+    """(loc, datetime, change) of every entry of collection ``name``'s Change Lists, in order."""
+    index = sitemap.parse(get(f"{base}{name}/changelist.xml"))
+    return [
+        (e.loc, w3cdt.format(e.change_time), e.change.value)
+        for ref in index.entries
+        for e in sitemap.parse(get(ref.loc))
+    ]
+
+
+def identity(notification: dict[str, Any]) -> str:
+    """What a seq must always mean: the Change List entry's (loc, datetime, change)."""
+    n = notification
+    return f"{n['loc']} {n['datetime']} {n['change']}"
+
+
+class SeqRecord:
+    """seq -> entry identity per collection, and every seq that came to mean another entry."""
+
+    def __init__(self) -> None:
+        self.seqs: dict[str, dict[int, str]] = defaultdict(dict)
+        self.arrivals: dict[str, list[float]] = defaultdict(list)
+        self.reused: list[tuple[str, int, str, str]] = []
+        self._lock = threading.Lock()
+
+    def record(self, notification: dict[str, Any]) -> None:
+        collection, seq, meaning = notification["collection"], notification["seq"], identity(
+            notification
+        )
+        with self._lock:
+            self.arrivals[collection].append(time.monotonic())
+            before = self.seqs[collection].setdefault(seq, meaning)
+            if before != meaning:
+                self.reused.append((collection, seq, before, meaning))
+
+    def count(self) -> int:
+        with self._lock:
+            return sum(len(s) for s in self.seqs.values())
+
+    def worst_pause_after(self, moment: float, collections: list[str] | None = None) -> float:
+        """The longest gap between arrivals (of ``collections``) across ``moment`` (a failover)."""
+        with self._lock:
+            times = sorted(
+                t for c, ts in self.arrivals.items() if collections is None or c in collections
+                for t in ts
+            )
+        gaps = [b - a for a, b in itertools.pairwise(times) if b >= moment]
+        return max(gaps[:50], default=0.0)
+
+
+class MqttSeqRecorder(SeqRecord):
+    """A plain paho subscriber (QoS 1) to the ``topics`` given."""
+
+    def __init__(self, mosquitto: Mosquitto, topics: list[str], client_id: str) -> None:
+        super().__init__()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
+        self.client.on_message = lambda c, u, message: self.record(json.loads(message.payload))
+        self.client.on_connect = lambda c, u, f, rc, p=None: c.subscribe(
+            [(topic, 1) for topic in topics]
+        )
+        self.client.connect(mosquitto.host, mosquitto.port)
+        self.client.loop_start()
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+class WsSeqRecorder(SeqRecord):
+    """A plain ``websockets`` client of a gateway, in a thread of its own, for ``collections``.
+
+    Subscribes to all of them on one connection from seq 0 (everything the log
+    retains); after a lost connection it subscribes again from the last seq
+    it holds per collection, as any client of the protocol would.
+    """
+
+    def __init__(self, url: str, collections: list[str]) -> None:
+        super().__init__()
+        self.url = url
+        self.collections = collections
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            since = {c: max(self.seqs[c], default=0) for c in self.collections}
+            try:
+                async with websockets.connect(self.url, max_size=None) as ws:
+                    self.connections += 1
+                    await ws.send(json.dumps({"type": "subscribe", "collections": since}))
+                    while not self._stop.is_set():
+                        with contextlib.suppress(TimeoutError):
+                            frame = json.loads(await asyncio.wait_for(ws.recv(), 0.2))
+                            if frame.get("type") == "notification":
+                                self.record(json.loads(frame["payload"]))
+            except (OSError, websockets.exceptions.WebSocketException):
+                await asyncio.sleep(0.2)  # the gateway is starting or went away: try again
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
