@@ -245,6 +245,7 @@ class ClusterClient(_RedisCluster):  # type: ignore[misc]
         # ClusterPipeline sets at run time; RedisCluster.pipeline does just this.
         return _ClusterPipeline(self, transaction)  # type: ignore[abstract]
 
+
 class _ClusterScript(AsyncScript):
     """A script that runs by its text when ``EVALSHA`` still finds no script after loading.
 

@@ -79,8 +79,10 @@ class SeqRecord:
         self._lock = threading.Lock()
 
     def record(self, notification: dict[str, Any]) -> None:
-        collection, seq, meaning = notification["collection"], notification["seq"], identity(
-            notification
+        collection, seq, meaning = (
+            notification["collection"],
+            notification["seq"],
+            identity(notification),
         )
         with self._lock:
             self.arrivals[collection].append(time.monotonic())
@@ -96,7 +98,9 @@ class SeqRecord:
         """The longest gap between arrivals (of ``collections``) across ``moment`` (a failover)."""
         with self._lock:
             times = sorted(
-                t for c, ts in self.arrivals.items() if collections is None or c in collections
+                t
+                for c, ts in self.arrivals.items()
+                if collections is None or c in collections
                 for t in ts
             )
         gaps = [b - a for a, b in itertools.pairwise(times) if b >= moment]

@@ -339,8 +339,10 @@ def test_cluster_failover_under_load_never_gives_a_pushed_seq_another_entry(
 
         # Mid-run, in steady state (the witnesses keep up with the Source).
         wait_for(
-            lambda: (n := made(base)) >= CHANGES * 2 // 5
-            and all(r.count() >= n - 100 for r in recorders),
+            lambda: (
+                (n := made(base)) >= CHANGES * 2 // 5
+                and all(r.count() >= n - 100 for r in recorders)
+            ),
             timeout=60,
             interval=0.05,
             message=lambda: f"no steady state: {made(base)}, {[r.count() for r in recorders]}",
@@ -357,7 +359,8 @@ def test_cluster_failover_under_load_never_gives_a_pushed_seq_another_entry(
                 timeout=90,
                 message=lambda r=recorder: (
                     f"{type(r).__name__} has {r.count()} of {CHANGES}\n"
-                    + publisher.tail() + gateway.tail()
+                    + publisher.tail()
+                    + gateway.tail()
                 ),
             )
 

@@ -177,9 +177,7 @@ def run_failovers(
             # In steady state (the subscriber caught up with the Source), so the
             # pause measured is the failover's, not a backlog's.
             wait_for(
-                lambda k=k: (
-                    (n := made(base)) >= k * spacing and recorder.count() >= n - 100
-                ),
+                lambda k=k: (n := made(base)) >= k * spacing and recorder.count() >= n - 100,
                 timeout=60,
                 interval=0.05,
             )

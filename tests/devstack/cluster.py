@@ -172,8 +172,9 @@ class RedisCluster:
             message=lambda: f"cluster not ok: {[n.cluster_ok() for n in self.nodes]}",
         )
         wait_for(
-            lambda: sum(n.replica_in_sync() for n in self.nodes)
-            == len(self.nodes) - self.primary_count,
+            lambda: (
+                sum(n.replica_in_sync() for n in self.nodes) == len(self.nodes) - self.primary_count
+            ),
             timeout,
             interval=0.05,
             message="replicas never synced",
