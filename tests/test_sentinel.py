@@ -10,8 +10,10 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +39,11 @@ from tests.devstack import (
     Redis,
     SentinelGroup,
     async_wait_for,
+    free_port,
     wait_for,
 )
-from tests.failover import MqttSeqRecorder, change_list, identity, made, post
+from tests.failover import MqttSeqRecorder, WsSeqRecorder, change_list, identity, made, post
+from tests.helpers import freeze_and_converge
 
 
 @pytest.mark.parametrize(
@@ -140,6 +144,16 @@ def _describe(group: SentinelGroup, cid: str, recorder: MqttSeqRecorder) -> str:
     return f"log meta {meta.get(b'head')}, cursors {cursors}, received up to {received}"
 
 
+@dataclass
+class FailoverRun:
+    """What :func:`run_failovers` saw: the witnesses, the pauses, the Change Lists, the log."""
+
+    witnesses: list[MqttSeqRecorder | WsSeqRecorder]
+    pauses: list[float]  # the worst pause in pushing per failover (s), as the MQTT witness saw
+    expected: list[tuple[str, str, str]]  # the Change Lists' entries, in order
+    logged: list[dict[str, Any]]  # the log's envelopes at the end
+
+
 def run_failovers(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -147,53 +161,92 @@ def run_failovers(
     *,
     changes: int,
     failovers: int,
-    extra: tuple[str, ...] = (),
-) -> tuple[MqttSeqRecorder, list[float], list[tuple[str, str, str]], list[dict[str, Any]]]:
-    """A publisher on ``group`` pushes ``changes`` at 200/s while the primary is killed.
+) -> FailoverRun:
+    """A publisher and a WebSocket gateway on ``group`` push ``changes`` at 200/s while the
+    primary is killed ``failovers`` times.
 
-    Returns the subscriber's record, the worst pause in pushing per failover,
-    the Change Lists' entries and the log's envelopes at the end.
+    Two independent witnesses (an MQTT subscriber, a WebSocket client) record
+    seq -> entry; two ``rsnotify subscribe`` mirrors (one per transport,
+    cursors in the Sentinel group too) must converge on the Source at the end.
     """
-    sim = ManagedProcess.rsnotify(
-        "simulate", "--port", "0", "--rate", "200", "--max-changes", str(changes),
-        "--changelist-size", "500", "--resources", "50", "--paused", "--seed", "19",
-        workdir=tmp_path, name="simulate",
-    ).start()  # fmt: skip
-    publisher: ManagedProcess | None = None
-    recorder: MqttSeqRecorder | None = None
+    ws_port = free_port()
+    processes: list[ManagedProcess] = []
+    witnesses: list[MqttSeqRecorder | WsSeqRecorder] = []
+
+    def run(*args: str, name: str) -> ManagedProcess:
+        process = ManagedProcess.rsnotify(*args, workdir=tmp_path, name=name).start()
+        processes.append(process)
+        return process
+
     try:
+        sim = run(
+            "simulate", "--port", "0", "--rate", "200", "--max-changes", str(changes),
+            "--changelist-size", "500", "--resources", "50", "--paused", "--seed", "19",
+            name="simulate",
+        )  # fmt: skip
         base = sim.wait_for_line(r"serving (http://\S+)").group(1)
         cid = collection_id(f"{base}c1/capabilitylist.xml")
-        recorder = MqttSeqRecorder(mosquitto, [Topics().changes(cid)], "sentinel-test-sub")
-        publisher = ManagedProcess.rsnotify(
+        publisher = run(
             "publish", base, "--redis", group.url, "--mqtt", mosquitto.url,
-            "--poll", "0.05", "--from-beginning", "--log-format", "text", *extra,
-            workdir=tmp_path, name="publish",
-        ).start()  # fmt: skip
+            "--poll", "0.05", "--from-beginning", "--log-format", "text",
+            name="publish",
+        )  # fmt: skip
+        publisher.wait_for_line(r"rsnotify publish: running", timeout=30)
+        gateway = run(
+            "publish", base, "--ws-only", "--redis", group.url,
+            "--ws", f"127.0.0.1:{ws_port}", "--log-format", "text",
+            name="gateway",
+        )  # fmt: skip
+        gateway.wait_for_line(r"rsnotify publish: running", timeout=30)
+        mirrors = {"mqtt": tmp_path / "mirror-mqtt", "ws": tmp_path / "mirror-ws"}
+        vias = {"mqtt": mosquitto.url, "ws": f"ws://127.0.0.1:{ws_port}"}
+        subscribers: dict[str, ManagedProcess] = {}
+        for name, mirror in mirrors.items():
+            subscribers[name] = run(
+                "subscribe", base, "--into", str(mirror), "--via", vias[name],
+                "--name", f"sub-{name}", "--redis", group.url, "--log-format", "text",
+                name=f"subscribe-{name}",
+            )  # fmt: skip
+        for process in subscribers.values():
+            process.wait_for_line(rf"{re.escape(cid)}: live", timeout=60)
+        mqtt_witness = MqttSeqRecorder(mosquitto, [Topics().changes(cid)], "sentinel-test-sub")
+        witnesses += [mqtt_witness, WsSeqRecorder(f"ws://127.0.0.1:{ws_port}/", [cid])]
         post(f"{base}_simulator/resume")
         pauses = []
         spacing = changes // (failovers + 1)
         for k in range(1, failovers + 1):
-            # In steady state (the subscriber caught up with the Source), so the
+            # In steady state (the witnesses caught up with the Source), so the
             # pause measured is the failover's, not a backlog's.
             wait_for(
-                lambda k=k: (n := made(base)) >= k * spacing and recorder.count() >= n - 100,
+                lambda k=k: (
+                    (n := made(base)) >= k * spacing
+                    and all(w.count() >= n - 100 for w in witnesses)
+                ),
                 timeout=60,
                 interval=0.05,
             )
             killed = time.monotonic()
             group.fail_over()
-            arrived = recorder.count()
+            arrived = mqtt_witness.count()
             wait_for(
-                lambda arrived=arrived: recorder.count() >= min(changes, arrived + 50),
+                lambda arrived=arrived: mqtt_witness.count() >= min(changes, arrived + 50),
                 timeout=30,
                 message=lambda: (
-                    f"no pushes after the failover; {_describe(group, cid, recorder)}\n"
+                    f"no pushes after the failover; {_describe(group, cid, mqtt_witness)}\n"
                     + publisher.tail()
                 ),
             )
-            pauses.append(recorder.worst_pause_after(killed))
-        wait_for(lambda: recorder.count() >= changes, timeout=90, message=publisher.tail)
+            pauses.append(mqtt_witness.worst_pause_after(killed))
+        for witness in witnesses:
+            wait_for(
+                lambda w=witness: w.count() >= changes,
+                timeout=90,
+                message=lambda w=witness: (
+                    f"{type(w).__name__} has {w.count()} of {changes}\n"
+                    + publisher.tail()
+                    + gateway.tail()
+                ),
+            )
         expected = change_list(base)
         client = group.primary().client()
         try:
@@ -201,13 +254,16 @@ def run_failovers(
         finally:
             client.close()
         logged = [json.loads(fields[b"d"]) for _, fields in rows]
-        return recorder, pauses, expected, logged
+        for name, mirror in mirrors.items():
+            freeze_and_converge(base, mirror, converge_timeout=90)
+            assert subscribers[name].running, subscribers[name].tail()
+        assert publisher.running and gateway.running
+        return FailoverRun(witnesses, pauses, expected, logged)
     finally:
-        if recorder is not None:
-            recorder.close()
-        if publisher is not None:
-            publisher.terminate()
-        sim.terminate()
+        for witness in witnesses:
+            witness.close()
+        for process in reversed(processes):
+            process.terminate()
 
 
 def test_failover_under_load_never_gives_a_pushed_seq_another_entry(
@@ -217,24 +273,26 @@ def test_failover_under_load_never_gives_a_pushed_seq_another_entry(
 
     5,000 changes at 200/s; the primary is ``kill -9``'d three times (each
     time the replica is promoted and the old primary comes back as a
-    replica).  An independent MQTT subscriber records seq -> entry: no seq
-    may map to two entries, every seq arrives, and the log equals the Change
-    Lists entry for entry.  Replication before push is on (the default with
-    a Sentinel URL: one replica).
+    replica).  An independent MQTT subscriber and an independent WebSocket
+    client record seq -> entry: no seq may map to two entries, every seq
+    arrives, the log equals the Change Lists entry for entry, and two
+    ``rsnotify subscribe`` mirrors (MQTT, WebSocket) converge on the Source.
+    Replication before push is on (the default with a Sentinel URL: one
+    replica).
     """
     changes = 5000
-    recorder, pauses, expected, logged = run_failovers(
-        tmp_path, mosquitto, sentinel_group, changes=changes, failovers=3
-    )
-    assert recorder.reused == [], "a pushed seq came to mean another entry"
-    (received,) = recorder.seqs.values()
-    assert sorted(received) == list(range(1, changes + 1))
+    run = run_failovers(tmp_path, mosquitto, sentinel_group, changes=changes, failovers=3)
+    logged = run.logged
     assert [n["seq"] for n in logged] == list(range(1, changes + 1)), "seqs dense, unique"
-    assert [(n["loc"], n["datetime"], n["change"]) for n in logged] == expected
-    for seq, meaning in received.items():
-        assert meaning == identity(logged[seq - 1]), seq
-    print(f"worst pause in pushing per failover (s): {[round(p, 2) for p in pauses]}")
-    assert len(pauses) == 3
+    assert [(n["loc"], n["datetime"], n["change"]) for n in logged] == run.expected
+    for witness in run.witnesses:
+        assert witness.reused == [], f"{type(witness).__name__}: a seq changed meaning"
+        (received,) = witness.seqs.values()
+        assert sorted(received) == list(range(1, changes + 1)), type(witness).__name__
+        for seq, meaning in received.items():
+            assert meaning == identity(logged[seq - 1]), (type(witness).__name__, seq)
+    print(f"worst pause in pushing per failover (s): {[round(p, 2) for p in run.pauses]}")
+    assert len(run.pauses) == 3
 
 
 @pytest.mark.parametrize("wait_replicas", [0, 1])
