@@ -98,9 +98,13 @@ log = logging.getLogger("rsnotify.subscribe")
 
 DEFAULT_MAX_RESOURCE_BYTES = 1 << 30
 RECORD_BATCH = 2_000  # metadata-only changes recorded per transaction
+VET_CACHE_SIZE = 50_000  # locs whose vetting is remembered (a few MB)
 
 
-_Queued = tuple[ChangeView, Any, "asyncio.Future[Outcome]"]
+# metadata_only: changes queued for the batch recorder, a group at a time: their
+# views, the objects submitted (for hooks), the future the submitter holds, and
+# whether that future holds one Outcome (submit) or a list of them (submit_many).
+_Queued = tuple[list[ChangeView], list[Any], "asyncio.Future[Any]", bool]
 
 
 class Applier:
@@ -166,6 +170,9 @@ class Applier:
         # metadata_only: changes waiting to be recorded, by one task, in order.
         self._batch: deque[_Queued] = deque()
         self._batcher: asyncio.Task[None] | None = None
+        # loc -> what _vet said: it depends on the loc and this applier's settings
+        # only, and a catch-up vets the same few thousand locs tens of thousands of times.
+        self._vetted: dict[str, tuple[Path | None, Failure | None]] = {}
 
     # -- ordering ---------------------------------------------------------------
 
@@ -183,6 +190,7 @@ class Applier:
         reuse: bool = False,
         unordered: bool = False,
         body: bytes | None = None,
+        view: ChangeView | None = None,
     ) -> asyncio.Future[Outcome]:
         """Queue ``change``; it runs after every earlier submitted change of its ``loc``.
 
@@ -191,19 +199,23 @@ class Applier:
         hand (a Change Dump package), written instead of a fetch if they verify
         against the change (:meth:`.transfer.Transfer.fetch`).  Raises :class:`InvalidChange` at
         once for an unusable object.  The returned future holds the
-        :class:`Outcome` (or a local failure).
+        :class:`Outcome` (or a local failure).  ``view``: ``change`` as
+        :meth:`read_many` read it (with these ``collection`` and ``unordered``),
+        so a walk reads each entry once.
         """
-        view = read_change(
-            change,
-            confirmed=confirmed,
-            max_skew=self.max_skew,
-            collection=collection,
-            reuse=reuse,
-            unordered=unordered,
-        )
+        if view is None:
+            view = read_change(
+                change,
+                confirmed=confirmed,
+                max_skew=self.max_skew,
+                collection=collection,
+                reuse=reuse,
+                unordered=unordered,
+            )
         if self.metadata_only and (view.confirmed or view.change is not ChangeType.DELETED):
             # An unconfirmed deletion takes the per-change path: it asks the Source.
-            return self._submit_record(view, change)
+            future: asyncio.Future[Outcome] = self._submit_record([view], [change], single=True)
+            return future
         previous = self._tails.get(view.loc)
         self._queued.setdefault(view.loc, []).append(view.datetime)
         task = asyncio.get_running_loop().create_task(self._after(previous, view, change, body))
@@ -231,7 +243,26 @@ class Applier:
                     raise  # this change is cancelled itself
         return await self._apply(view, change, functools.partial(self._newer_queued, view), body)
 
-    async def settle_many(self, changes: list[Any]) -> list[bool]:
+    def read_many(
+        self, changes: list[Any], *, collection: str | None = None, unordered: bool = False
+    ) -> list[ChangeView]:
+        """``changes`` (confirmed: read from the Source) as :meth:`submit` reads each.
+
+        For a walk of the Change Lists, which hands the same views to
+        :meth:`settle_many`, :meth:`supersede_many` and :meth:`submit`: each
+        entry read once instead of up to three times.
+        """
+        now = datetime.now(UTC)  # one clock read for the skew check of the whole batch
+        return [
+            read_change(
+                change, max_skew=self.max_skew, collection=collection, unordered=unordered, now=now
+            )
+            for change in changes
+        ]
+
+    async def settle_many(
+        self, changes: list[Any], *, views: list[ChangeView] | None = None
+    ) -> list[bool]:
         """Which of ``changes`` (read from the Source's Change Lists) need no work at all.
 
         A walk of the Change Lists re-reads what push already applied (push
@@ -246,7 +277,8 @@ class Applier:
         """
         if self.metadata_only or not changes:  # the batch recorder is the cheap path there
             return [False] * len(changes)
-        views = [read_change(change, max_skew=self.max_skew) for change in changes]
+        if views is None:
+            views = [read_change(change, max_skew=self.max_skew) for change in changes]
         locs = [v.loc for v in views if v.loc not in self._queued]
         states = await self.resources.get_many(locs) if locs else {}
         now = datetime.now(UTC)
@@ -284,11 +316,17 @@ class Applier:
         fetch, no hook), one task, state read, log line and transaction per
         change, which after a long outage was most of a catch-up's cost.
         Created/updated changes only (a deletion still deletes), never in
-        ``metadata_only`` (every change is recorded there).
+        ``metadata_only`` (every change is recorded there).  ``changes`` may
+        be views already read (:meth:`read_many`).
         """
         rows: list[tuple[tuple[Any, ...], int]] = []
+        now = datetime.now(UTC)  # one stamp: one transaction
         for change in changes:
-            view = read_change(change, max_skew=self.max_skew)
+            view = (
+                change
+                if isinstance(change, ChangeView)
+                else read_change(change, max_skew=self.max_skew)
+            )
             if self.metadata_only or view.change is ChangeType.DELETED:
                 raise ValueError(f"{view.loc}: only created/updated changes are superseded")
             row = self.resources.row(
@@ -298,13 +336,35 @@ class Applier:
                 outcome=Outcome.SUPERSEDED,
                 seq=view.seq,
                 detail="a newer change of the same walk is queued",
+                applied_at=now,
             )
             rows.append((row, KEEP))
         if rows:
             await self.resources.record_rows(rows)
             log.info("%d change(s) superseded by newer ones of the same walk", len(rows))
 
-    def _submit_record(self, view: ChangeView, change: Any) -> asyncio.Future[Outcome]:
+    def recordable(self, view: ChangeView) -> bool:
+        """metadata_only: ``view`` goes to the batch recorder (:meth:`submit_many` takes it)."""
+        return self.metadata_only and (view.confirmed or view.change is not ChangeType.DELETED)
+
+    def submit_many(
+        self, views: list[ChangeView], changes: list[Any]
+    ) -> asyncio.Future[list[Outcome]]:
+        """metadata_only: record ``views`` (read from ``changes``) in order, one future for all.
+
+        For a walk of the Change Lists, which submits thousands of changes at
+        once: the same decisions and rows as :meth:`submit` per change (see
+        :meth:`_record_batch`), without a future and a pipeline slot each.
+        Every view must be :meth:`recordable`.  The future holds the outcomes
+        in the order given, once all of them are durable.
+        """
+        if not all(self.recordable(view) for view in views):
+            raise ValueError("submit_many takes only changes the batch recorder records")
+        return self._submit_record(views, changes, single=False)
+
+    def _submit_record(
+        self, views: list[ChangeView], changes: list[Any], *, single: bool
+    ) -> asyncio.Future[Any]:
         """metadata_only: queue for the batch recorder instead of a task per change.
 
         Nothing is fetched, so there is nothing to run concurrently: one task
@@ -313,39 +373,60 @@ class Applier:
         tens of thousands of changes finish in seconds.
         """
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Outcome] = loop.create_future()
-        self._batch.append((view, change, future))
+        future: asyncio.Future[Any] = loop.create_future()
+        self._batch.append((views, changes, future, single))
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
         if self._batcher is None or self._batcher.done():
             self._batcher = loop.create_task(self._record_batches())
         return future
 
+    def _next_batch(self) -> list[_Queued]:
+        """Whole groups, in order, up to :data:`RECORD_BATCH` changes (a larger group alone)."""
+        queue = self._batch
+        batch = [queue.popleft()]
+        size = len(batch[0][0])
+        while queue and size + len(queue[0][0]) <= RECORD_BATCH:
+            size += len(queue[0][0])
+            batch.append(queue.popleft())
+        return batch
+
     async def _record_batches(self) -> None:
         while self._batch:
-            batch = [self._batch.popleft() for _ in range(min(RECORD_BATCH, len(self._batch)))]
+            batch = self._next_batch()
             try:
-                await self._record_batch(batch)
+                outcomes = await self._record_batch(
+                    [v for views, _, _, _ in batch for v in views],
+                    [c for _, changes, _, _ in batch for c in changes],
+                )
             except Exception as exc:  # a local failure: the store cannot be written
-                for _, _, future in batch:
+                for _, _, future, _ in batch:
                     if not future.done():
                         future.set_exception(exc)
+                continue
             except BaseException:  # cancelled: nothing left will be recorded
-                for _, _, future in [*batch, *self._batch]:
+                for _, _, future, _ in [*batch, *self._batch]:
                     future.cancel()
                 self._batch.clear()
                 raise
+            start = 0
+            for views, _, future, single in batch:
+                mine = outcomes[start : start + len(views)]
+                start += len(views)
+                if not future.done():
+                    future.set_result(mine[0] if single else mine)
 
-    async def _record_batch(self, batch: list[_Queued]) -> None:
+    async def _record_batch(self, views: list[ChangeView], changes: list[Any]) -> list[Outcome]:
         store = self.resources
-        vetted = [self._vet(view) for view, _, _ in batch]
+        vetted = [self._vet(view) for view in views]
         states = await store.get_many(
-            [view.loc for (view, _, _), (_, refusal) in zip(batch, vetted, strict=True)
+            [view.loc for view, (_, refusal) in zip(views, vetted, strict=True)
              if refusal is None]
         )  # fmt: skip
+        now = datetime.now(UTC)  # one stamp: the batch is committed in one transaction
         rows: list[tuple[tuple[Any, ...], int]] = []
         plan: list[tuple[Outcome, Failure | None]] = []
-        for (view, _, _), (_, refusal) in zip(batch, vetted, strict=True):
+        for view, (_, refusal) in zip(views, vetted, strict=True):
             state = states.get(view.loc)
             if refusal is not None:
                 outcome, update = refusal.outcome, KEEP
@@ -365,6 +446,7 @@ class Applier:
                 length=view.length if update == APPLY else None,
                 detail=refusal.detail if refusal is not None else None,
                 confirmed=view.confirmed,
+                applied_at=now,
             )
             rows.append((row, update))
             plan.append((outcome, refusal))
@@ -386,16 +468,16 @@ class Applier:
                     confirmed=view.confirmed,
                 )
         await store.record_rows(rows)
-        for (view, change, future), (path, _), (outcome, refusal) in zip(
-            batch, vetted, plan, strict=True
+        hooks = self.hooks is not None
+        for view, change, (path, _), (outcome, refusal) in zip(
+            views, changes, vetted, plan, strict=True
         ):
             if refusal is not None:
                 await self._reported(view, change, refusal)
-            elif outcome is Outcome.RECORDED:
+            elif outcome is Outcome.RECORDED and hooks:
                 assert path is not None
                 await self._hook(view, change, path)
-            if not future.done():
-                future.set_result(outcome)
+        return [outcome for outcome, _ in plan]
 
     def _newer_queued(self, view: ChangeView) -> bool:
         """True when a change of the same loc with a later datetime waits in the queue.
@@ -434,7 +516,7 @@ class Applier:
         if first is not None:
             raise first
 
-    async def abandon(self, futures: Collection[asyncio.Future[Outcome]] | None = None) -> None:
+    async def abandon(self, futures: Collection[asyncio.Future[Any]] | None = None) -> None:
         """Cancel submitted changes and wait until none of them is still running.
 
         Used before an engine restarts from its durable cursor after a local
@@ -672,7 +754,20 @@ class Applier:
         return Outcome.APPLIED
 
     def _vet(self, view: ChangeView) -> tuple[Path | None, Failure | None]:
-        """Origin first (a forged notification is refused as such), then the path."""
+        """Origin first (a forged notification is refused as such), then the path.
+
+        Remembered per loc (up to :data:`VET_CACHE_SIZE` of them, then forgotten
+        all at once): the answer depends on nothing else.
+        """
+        answer = self._vetted.get(view.loc)
+        if answer is None:
+            answer = self._vet_now(view)
+            if len(self._vetted) >= VET_CACHE_SIZE:
+                self._vetted.clear()
+            self._vetted[view.loc] = answer
+        return answer
+
+    def _vet_now(self, view: ChangeView) -> tuple[Path | None, Failure | None]:
         try:
             check_origin(view.loc, self.allowed_origins)
         except OriginNotAllowed as exc:

@@ -450,8 +450,15 @@ class ResourceStore:
         if self._flusher is not None and not self._flusher.done():
             await asyncio.shield(self._flusher)  # earlier single writes land first
         results = await self._run(self._record_many, rows)
-        for (row, update_state), changed in zip(rows, results, strict=True):
-            if update_state:
+        # Only the last state a batch wrote for a loc stays in the cache: a
+        # catch-up batch writes a resource's state several times, and
+        # building a state object for each write was a tenth of its cost.
+        last: dict[str, int] = {}
+        for i, ((row, update_state), changed) in enumerate(zip(rows, results, strict=True)):
+            if update_state == APPLY and changed:
+                last[row[0]] = i
+        for i, ((row, update_state), changed) in enumerate(zip(rows, results, strict=True)):
+            if update_state and not (update_state == APPLY and changed and last[row[0]] != i):
                 self._remember_write(row, update_state, changed)
         return results
 
@@ -557,7 +564,9 @@ class ResourceStore:
         confirmed: bool,
         collection: str | None,
     ) -> tuple[Any, ...]:
-        kind = ChangeType(change)  # ValueError for anything but created/updated/deleted
+        # ValueError for anything but created/updated/deleted (a member is taken as it is:
+        # Enum's call is slow, and this runs for every change of a catch-up).
+        kind = change if type(change) is ChangeType else ChangeType(change)
         now = applied_at if applied_at is not None else datetime.now(UTC)
         return (
             loc,

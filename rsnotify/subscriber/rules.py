@@ -132,15 +132,22 @@ def read_change(
     collection: str | None = None,
     reuse: bool = False,
     unordered: bool = False,
+    now: datetime | None = None,
 ) -> ChangeView:
+    """The fields of ``obj`` the applier uses, checked (:class:`InvalidChange` otherwise).
+
+    ``now``: the clock for the skew check, read once by a caller reading a batch.
+    """
     loc = getattr(obj, "loc", None)
     if not isinstance(loc, str) or not loc:
         raise InvalidChange(f"change without a loc: {obj!r:.200}")
-    try:
-        # Whatever the object holds: a value that is no change type is the ValueError.
-        kind = ChangeType(getattr(obj, "change", None))  # type: ignore[arg-type]
-    except ValueError:
-        raise InvalidChange(f"{loc}: change is not created, updated or deleted") from None
+    kind = getattr(obj, "change", None)
+    if type(kind) is not ChangeType:  # a member as it is: Enum's call is slow
+        try:
+            # Whatever the object holds: a value that is no change type is the ValueError.
+            kind = ChangeType(kind)  # type: ignore[arg-type]
+        except ValueError:
+            raise InvalidChange(f"{loc}: change is not created, updated or deleted") from None
     when = getattr(obj, "change_time", None)  # model.Entry: rs:md datetime, else lastmod
     if when is None:
         when = getattr(obj, "datetime", None)
@@ -159,7 +166,9 @@ def read_change(
         if rel == "duplicate" and isinstance(href, str) and href:
             duplicates.append((pri if isinstance(pri, int) else 999_999, href))
     duplicates.sort(key=lambda item: item[0])  # stable: document order among equals
-    if max_skew is not None and beyond_skew(when, datetime.now(UTC), max_skew):
+    if max_skew is not None and beyond_skew(
+        when, datetime.now(UTC) if now is None else now, max_skew
+    ):
         confirmed = False
     return ChangeView(
         loc=loc,

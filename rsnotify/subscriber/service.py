@@ -42,7 +42,6 @@ from ..fetch import Fetcher, origin_of
 from ..httppolicy import HttpPolicy
 from ..metrics import metrics_app, serve
 from ..model import Capability
-from ..report import SubscriberReporter
 from ..tracker import Checkpoint
 from ..transport.topics import prefix_of
 from .applier import Applier, Hooks
@@ -53,13 +52,13 @@ from .gaps import GapDetector
 from .mirror import Mirror
 from .ownership import MirrorLock, MirrorRefused, claim
 from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
-from .redis_cursor import RedisCursorStore, destination_id
 from .resources import ResourceStore
 from .sync import CollectionSync
 from .telemetry import SubscriberMetrics
 from .trust import DEFAULT_MAX_SKEW
 
 if TYPE_CHECKING:  # the types only: .websub is imported when --via websub asks for it
+    from .redis_cursor import RedisCursorStore
     from .websub import CallbackServer, WebSubChannel
 
 log = logging.getLogger("rsnotify.subscribe")
@@ -219,11 +218,14 @@ class Subscriber:
         removed = mirror.cleanup_temp()
         if removed:
             log.info("removed %d temporary file(s) left by an interrupted write", removed)
-        self._cursors = (
-            RedisCursorStore(config.redis, destination_id(config.into, config.name))
-            if config.redis
-            else CursorStore(self.state_dir / "cursor.sqlite3")
-        )
+        if config.redis:
+            # Imported here: redis' client is a tenth of a second of start-up
+            # that a Destination without --redis (and a --once catch-up) never needs.
+            from .redis_cursor import RedisCursorStore, destination_id
+
+            self._cursors = RedisCursorStore(config.redis, destination_id(config.into, config.name))
+        else:
+            self._cursors = CursorStore(self.state_dir / "cursor.sqlite3")
         self._resources = ResourceStore(self.state_dir / "resources.sqlite3")
         # One keep-alive connection per transfer slot: fewer would quietly cap
         # --concurrency (the pool, not the semaphore, would be the limit).
@@ -362,6 +364,8 @@ class Subscriber:
         for channel in self._channels:
             channel.start()
         if config.report:  # telemetry for `rsnotify dashboard` (see rsnotify.report)
+            from ..report import SubscriberReporter  # imports redis: only when asked for
+
             reporter = SubscriberReporter(config.report, self).attach()
             self._tasks.append(asyncio.create_task(reporter.run()))
 
