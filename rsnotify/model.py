@@ -157,6 +157,9 @@ _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 # match is several times faster than set(text) <= _HEX_DIGITS, and every change read
 # from a Change List has its hashes normalised.
 _HEX = re.compile("[0-9a-fA-F]+")
+# "md5:<hex> sha-256:<hex>" in lowercase, the form rsnotify and resync write: parse_hashes'
+# general path gives exactly these two, so they are taken as they are.
+_COMMON_HASH = re.compile("md5:([0-9a-f]{32}) sha-256:([0-9a-f]{64})")
 
 
 def normalize_digest(algo: str, digest: str) -> str | None:
@@ -197,6 +200,9 @@ def parse_hashes(value: str | None) -> dict[str, str]:
     """
     if not value:
         return {}
+    common = _COMMON_HASH.fullmatch(value)
+    if common is not None:  # what most Sources write, already in normal form
+        return {"md5": common[1], "sha-256": common[2]}
     out: dict[str, str] = {}
     for token in value.split():
         algo, sep, digest = token.partition(":")

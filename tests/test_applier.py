@@ -20,6 +20,7 @@ from rsnotify.envelope import Notification
 from rsnotify.fetch import Fetcher
 from rsnotify.metrics import serving
 from rsnotify.model import ChangeType, Entry, Link
+from rsnotify.subscriber import applier as applier_module
 from rsnotify.subscriber.applier import RECORD_BATCH, Applier, Hooks, InvalidChange, Outcome
 from rsnotify.subscriber.baseline import baseline
 from rsnotify.subscriber.mirror import TEMP_PREFIX, Mirror
@@ -635,18 +636,20 @@ async def test_metadata_only_batches_agree_with_one_change_at_a_time(
 
 
 async def test_metadata_only_groups_agree_with_single_submissions(
-    env: Env, source: Source, tmp_path: Path
+    env: Env, source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """submit_many (a walk's chunks) mixed with submit: the outcomes of one change at a time."""
+    batch = 40
+    monkeypatch.setattr(applier_module, "RECORD_BATCH", batch)  # many batches, few changes
     rng = random.Random(11)
     changes = [
         env.note(f"/g/{rng.randrange(30)}", rng.choice(["created", "updated", "deleted"]),
                  at(rng.randrange(1, 40)))
-        for _ in range(RECORD_BATCH + 700)
+        for _ in range(7 * batch)
     ]  # fmt: skip
     grouped = env.applier(metadata_only=True, hooks=env.recording_hooks())
     futures: list[asyncio.Future[Any]] = []
-    cuts = [0, 5, 6, 900, 901, RECORD_BATCH + 300, len(changes)]  # groups, singles, a big one
+    cuts = [0, 5, 6, 30, 31, 2 * batch + 50, 5 * batch, len(changes)]  # a group > a batch too
     for start, end in itertools.pairwise(cuts):
         part = changes[start:end]
         if len(part) == 1:
@@ -672,6 +675,20 @@ async def test_metadata_only_groups_agree_with_single_submissions(
     recorded = [c for c, o in zip(changes, outcomes, strict=True) if o is Outcome.RECORDED]
     assert [(kind, loc) for kind, loc, _ in env.events] == [(c.change, c.loc) for c in recorded]
     await assert_never_backwards(env.store)
+
+
+async def test_metadata_only_groups_fail_with_an_unusable_store(env: Env) -> None:
+    """A local failure reaches every group queued, none is answered as recorded."""
+    applier = env.applier(metadata_only=True)
+    changes = [env.note(f"/u/{i}", "created", at(i)) for i in range(10)]
+    await env.store.close()
+    first = applier.submit_many(applier.read_many(changes[:6]), changes[:6])
+    second = applier.submit_many(applier.read_many(changes[6:]), changes[6:])
+    with pytest.raises(ResourceStoreError):
+        await asyncio.wait_for(applier.drain(), 5)
+    for future in (first, second):
+        with pytest.raises(ResourceStoreError):
+            future.result()
 
 
 async def test_submit_many_takes_only_what_the_batch_recorder_records(env: Env) -> None:

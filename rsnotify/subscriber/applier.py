@@ -62,7 +62,7 @@ import functools
 import logging
 from collections import deque
 from collections.abc import AsyncIterable, Callable, Collection
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -84,7 +84,6 @@ from .rules import (
     already_applied,
     classify,
     path_failure,
-    provisional,
     read_change,
     same_change,
     to_recheck,
@@ -105,6 +104,29 @@ VET_CACHE_SIZE = 50_000  # locs whose vetting is remembered (a few MB)
 # views, the objects submitted (for hooks), the future the submitter holds, and
 # whether that future holds one Outcome (submit) or a list of them (submit_many).
 _Queued = tuple[list[ChangeView], list[Any], "asyncio.Future[Any]", bool]
+
+
+@dataclass(slots=True, eq=False)
+class _Writing:
+    """One batch of the recorder: decided, then written (``task``), then answered."""
+
+    batch: list[_Queued]
+    views: list[ChangeView]
+    changes: list[Any]
+    vetted: list[tuple[Path | None, Failure | None]]
+    plan: list[tuple[Outcome, Failure | None]]
+    rows: list[tuple[tuple[Any, ...], int]]
+    task: asyncio.Future[list[bool]] | None = None
+
+
+def _fail(batch: list[_Queued], exc: BaseException | None) -> None:
+    """Answer a batch's futures with ``exc`` (None: cancel them)."""
+    for _, _, future, _ in batch:
+        if not future.done():
+            if exc is None:
+                future.cancel()
+            else:
+                future.set_exception(exc)
 
 
 class Applier:
@@ -392,37 +414,76 @@ class Applier:
         return batch
 
     async def _record_batches(self) -> None:
-        while self._batch:
-            batch = self._next_batch()
-            try:
-                outcomes = await self._record_batch(
-                    [v for views, _, _, _ in batch for v in views],
-                    [c for _, changes, _, _ in batch for c in changes],
-                )
-            except Exception as exc:  # a local failure: the store cannot be written
-                for _, _, future, _ in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            except BaseException:  # cancelled: nothing left will be recorded
-                for _, _, future, _ in [*batch, *self._batch]:
-                    future.cancel()
-                self._batch.clear()
-                raise
-            start = 0
-            for views, _, future, single in batch:
-                mine = outcomes[start : start + len(views)]
-                start += len(views)
-                if not future.done():
-                    future.set_result(mine[0] if single else mine)
+        """Record queued groups a batch (one transaction) at a time, in order, pipelined.
 
-    async def _record_batch(self, views: list[ChangeView], changes: list[Any]) -> list[Outcome]:
+        Batch k+1 is decided while batch k is being written: the decisions
+        read the states the earlier batches leave behind (``states``, exactly
+        what the store's guard will make of them), as one large batch would,
+        so each transaction's wait for the disk overlaps the next one's work
+        instead of following it.  Transactions still commit one after the
+        other, in submission order, and no future is answered before its
+        transaction is durable.  A batch decided on top of one whose write
+        failed fails with it (a local failure: the engine restarts from its
+        cursor).
+        """
+        states: dict[str, ResourceState | None] = {}  # what the batches decided leave behind
+        writing: _Writing | None = None
+        prepared: _Writing | None = None
+        try:
+            while self._batch or writing is not None:
+                prepared = None
+                if self._batch:
+                    batch = self._next_batch()
+                    views = [v for group, _, _, _ in batch for v in group]
+                    changes = [c for _, group, _, _ in batch for c in group]
+                    try:
+                        rows, vetted, plan = await self._decide(views, states)
+                    except Exception as exc:  # the store cannot be read
+                        _fail(batch, exc)
+                        states.clear()
+                    else:
+                        prepared = _Writing(batch, views, changes, vetted, plan, rows)
+                if writing is not None:
+                    done, writing = writing, None
+                    assert done.task is not None
+                    try:
+                        await done.task
+                    except Exception as exc:  # a local failure: the store cannot be written
+                        _fail(done.batch, exc)
+                        if prepared is not None:  # decided on top of what was not written
+                            _fail(prepared.batch, exc)
+                            prepared = None
+                        states.clear()
+                    else:
+                        await self._finish(done)
+                if prepared is not None:
+                    prepared.task = asyncio.ensure_future(self.resources.record_rows(prepared.rows))
+                    writing, prepared = prepared, None
+                    await asyncio.sleep(0)  # the write starts now, while the next batch is decided
+        except BaseException:  # cancelled: nothing left will be recorded
+            for item in (writing, prepared):
+                if item is not None:
+                    if item.task is not None:
+                        item.task.cancel()
+                    _fail(item.batch, None)
+            _fail(list(self._batch), None)
+            self._batch.clear()
+            raise
+
+    async def _decide(
+        self, views: list[ChangeView], states: dict[str, ResourceState | None]
+    ) -> tuple[list[tuple[tuple[Any, ...], int]], list[tuple[Path | None, Failure | None]],
+               list[tuple[Outcome, Failure | None]]]:  # fmt: skip
+        """The rows and outcomes of one batch, given (and updating) ``states``."""
         store = self.resources
         vetted = [self._vet(view) for view in views]
-        states = await store.get_many(
-            [view.loc for view, (_, refusal) in zip(views, vetted, strict=True)
-             if refusal is None]
-        )  # fmt: skip
+        missing = [
+            view.loc
+            for view, (_, refusal) in zip(views, vetted, strict=True)
+            if refusal is None and view.loc not in states
+        ]
+        if missing:
+            states.update(await store.get_many(missing))
         now = datetime.now(UTC)  # one stamp: the batch is committed in one transaction
         rows: list[tuple[tuple[Any, ...], int]] = []
         plan: list[tuple[Outcome, Failure | None]] = []
@@ -453,9 +514,9 @@ class Applier:
             if update == CONFIRM and state is not None:
                 states[view.loc] = replace(state, confirmed=True)
             elif update == APPLY and (
-                state is None
-                or view.datetime >= state.datetime
-                or provisional(state, self.max_skew)
+                # The store's own guard (ResourceStore._record_many), exactly: a
+                # later batch decides on what this one really leaves behind.
+                state is None or view.datetime >= state.datetime or not state.confirmed
             ):
                 states[view.loc] = ResourceState(
                     loc=view.loc,
@@ -467,17 +528,25 @@ class Applier:
                     applied_at=view.datetime,
                     confirmed=view.confirmed,
                 )
-        await store.record_rows(rows)
+        return rows, vetted, plan
+
+    async def _finish(self, done: _Writing) -> None:
+        """A batch is durable: report refusals, run hooks, answer its futures."""
         hooks = self.hooks is not None
         for view, change, (path, _), (outcome, refusal) in zip(
-            views, changes, vetted, plan, strict=True
+            done.views, done.changes, done.vetted, done.plan, strict=True
         ):
             if refusal is not None:
                 await self._reported(view, change, refusal)
             elif outcome is Outcome.RECORDED and hooks:
                 assert path is not None
                 await self._hook(view, change, path)
-        return [outcome for outcome, _ in plan]
+        start = 0
+        for views, _, future, single in done.batch:
+            mine = [outcome for outcome, _ in done.plan[start : start + len(views)]]
+            start += len(views)
+            if not future.done():
+                future.set_result(mine[0] if single else mine)
 
     def _newer_queued(self, view: ChangeView) -> bool:
         """True when a change of the same loc with a later datetime waits in the queue.

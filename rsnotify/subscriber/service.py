@@ -46,7 +46,6 @@ from ..tracker import Checkpoint
 from ..transport.topics import prefix_of
 from .applier import Applier, Hooks
 from .baseline import BaselineSummary, baseline
-from .channels import MqttChannel, Sink, WebSocketChannel, client_tls_context
 from .cursor import CursorStore, StateLock
 from .gaps import GapDetector
 from .mirror import Mirror
@@ -57,7 +56,8 @@ from .sync import CollectionSync
 from .telemetry import SubscriberMetrics
 from .trust import DEFAULT_MAX_SKEW
 
-if TYPE_CHECKING:  # the types only: .websub is imported when --via websub asks for it
+if TYPE_CHECKING:  # the types only: each is imported when a channel or --redis asks for it
+    from .channels import MqttChannel, Sink, WebSocketChannel
     from .redis_cursor import RedisCursorStore
     from .websub import CallbackServer, WebSubChannel
 
@@ -318,6 +318,10 @@ class Subscriber:
                 self._channels.append(self._websub_channel(cap, cid, hub, engine))
                 self.metrics.transport.labels(cid).info({"transport": "websub"})
             elif channel_kind(hub) == "ws":
+                # Imported only when there is a channel: websockets and paho are
+                # a tenth of start-up, which a --once catch-up without push pays.
+                from .channels import WebSocketChannel, client_tls_context
+
                 ws_channel = WebSocketChannel(
                     hub,
                     cid,
@@ -347,6 +351,8 @@ class Subscriber:
             # it to 64 characters: the tail (path end and digest) tells mirrors apart.
             mirror_id = collection_id(str(Path(config.into).resolve()))
             client_id = f"rsnotify-sub-{mirror_id[-(64 - len('rsnotify-sub-')) :]}"
+            from .channels import MqttChannel  # imported only when there is a channel
+
             self._channels.append(
                 MqttChannel(
                     url,

@@ -553,6 +553,8 @@ class CollectionSync:
         """
         backoff = Backoff(maximum=10.0)
         applied = 0
+        # Every state in memory if they fit (once per store): a walk reads thousands.
+        await self.applier.resources.preload()
         self._pushed_since_walk = 0
         self._last_walk = time.monotonic()
         while True:
