@@ -637,14 +637,14 @@ class CollectionSync:
             # pass the cap by one batch.
             await self._wait_for_room()
         doomed = self._supersede(batch)
-        bodies = await self._packaged(batch)
         if doomed:
-            # Recorded while the fetches run, not before they start (48,000 rows
-            # of a 50,000-change catch-up took most of a second): the cursor
-            # waits for it like for a change, so it never passes an entry whose
-            # row is not durable.
+            # Recorded while the packages download and the fetches run, not
+            # before they start (48,000 rows of a 50,000-change catch-up took
+            # most of a second): the cursor waits for it like for a change, so
+            # it never passes an entry whose row is not durable.
             recording = asyncio.ensure_future(self._record_superseded(doomed))
             self._pending.append(_Pending(recording, None, None, many=True))
+        bodies = await self._packaged(batch)
         applied = 0
         for item in batch:  # no await: all queued before any runs (superseding)
             applied += self._submit_found(item, bodies)
