@@ -143,7 +143,7 @@ class _Found:
     settled: list[bool]
     superseded: list[bool] = field(default_factory=list)  # by a later entry of the walk
     # The position after each entry, as the watcher computed it from the engine's
-    # own position (see _aligned); None: the engine works it out entry by entry.
+    # own position (see same_position); None: the engine works it out entry by entry.
     checkpoints: list[Checkpoint] | None = None
     views: list[ChangeView] = field(default_factory=list)  # each entry read once
 
@@ -342,7 +342,7 @@ class CollectionSync:
         package (:meth:`_packaged`).  ``checkpoint``: the position after
         this entry, computed by the watcher from the engine's own position
         (:func:`same_position`); without it the engine works it out.
-        ``view``: the entry already read (:meth:`Applier.read`).
+        ``view``: the entry already read (:meth:`Applier.read_many`).
         """
         if checkpoint is None and not self._submitted.is_new(entry):
             self.stats.skipped += 1
