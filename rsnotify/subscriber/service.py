@@ -508,7 +508,8 @@ class Subscriber:
 
     async def stop(self) -> None:
         self.stopping.set()
-        if isinstance(self._cursors, RedisCursorStore):
+        if self._cursors is not None and not isinstance(self._cursors, CursorStore):
+            # The Redis cursor store (imported only with --redis).
             self._cursors.begin_close()  # a Redis that stays away must not hold the exit
         for channel in self._channels:
             with contextlib.suppress(Exception):
