@@ -354,7 +354,7 @@ class Applier:
 
         For a walk of the Change Lists, which submits thousands of changes at
         once: the same decisions and rows as :meth:`submit` per change (see
-        :meth:`_record_batch`), without a future and a pipeline slot each.
+        :mod:`.recorder`), without a future and a pipeline slot each.
         Every view must be :meth:`recordable`.  The future holds the outcomes
         in the order given, once all of them are durable.
         """
