@@ -53,6 +53,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -102,15 +103,31 @@ _BUSY = frozenset({429, 503})  # statuses whose Retry-After is honoured (RFC 911
 # --- pure helpers -------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=16_384)
+# "scheme://authority" followed by the end, "/", "?" or "#", with an authority of
+# letters, digits and ".:_-" only (no user info, brackets, escapes or spaces): a
+# URL whose origin is that prefix's, however its path goes on.
+_PLAIN_AUTHORITY = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[A-Za-z0-9.:_-]+)(?:[/?#]|$)")
+
+
 def origin_of(url: str) -> str:
     """``scheme://host:port`` with the IDNA host and the default port made explicit.
 
     Explicit ports make ``http://a`` and ``http://a:80`` the same origin, and
     IDNA makes ``bücher.example`` and ``xn--bcher-kva.example`` the same, so the
     allow-list cannot be bypassed by spelling a host differently.  Memoized
-    (pure, and every change is checked): invalid URLs raise and are not kept.
+    per plain ``scheme://authority`` prefix (a catch-up checks thousands of
+    URLs on one origin, each parsed whole before), else per URL.
     """
+    plain = _PLAIN_AUTHORITY.match(url) if isinstance(url, str) else None
+    if plain is not None:
+        with contextlib.suppress(FetchError):  # then the whole URL says why, by its name
+            return _origin_of(plain[1])
+    return _origin_of(url)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _origin_of(url: str) -> str:
+    """:func:`origin_of` by parsing ``url`` (pure: memoized; invalid URLs raise, not kept)."""
     try:
         parsed = yarl.URL(url)
         scheme = parsed.scheme.lower()

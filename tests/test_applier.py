@@ -20,6 +20,7 @@ from rsnotify.envelope import Notification
 from rsnotify.fetch import Fetcher
 from rsnotify.metrics import serving
 from rsnotify.model import ChangeType, Entry, Link
+from rsnotify.subscriber import applier as applier_module
 from rsnotify.subscriber.applier import RECORD_BATCH, Applier, Hooks, InvalidChange, Outcome
 from rsnotify.subscriber.baseline import baseline
 from rsnotify.subscriber.mirror import TEMP_PREFIX, Mirror
@@ -632,6 +633,69 @@ async def test_metadata_only_batches_agree_with_one_change_at_a_time(
     recorded = [c for c, o in zip(changes, outcomes, strict=True) if o is Outcome.RECORDED]
     assert [(kind, loc) for kind, loc, _ in env.events] == [(c.change, c.loc) for c in recorded]
     await assert_never_backwards(env.store)
+
+
+async def test_metadata_only_groups_agree_with_single_submissions(
+    env: Env, source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """submit_many (a walk's chunks) mixed with submit: the outcomes of one change at a time."""
+    batch = 40
+    monkeypatch.setattr(applier_module, "RECORD_BATCH", batch)  # many batches, few changes
+    rng = random.Random(11)
+    changes = [
+        env.note(f"/g/{rng.randrange(30)}", rng.choice(["created", "updated", "deleted"]),
+                 at(rng.randrange(1, 40)))
+        for _ in range(7 * batch)
+    ]  # fmt: skip
+    grouped = env.applier(metadata_only=True, hooks=env.recording_hooks())
+    futures: list[asyncio.Future[Any]] = []
+    cuts = [0, 5, 6, 30, 31, 2 * batch + 50, 5 * batch, len(changes)]  # a group > a batch too
+    for start, end in itertools.pairwise(cuts):
+        part = changes[start:end]
+        if len(part) == 1:
+            futures.append(grouped.submit(part[0]))
+        else:
+            futures.append(grouped.submit_many(grouped.read_many(part), part))
+    results = await asyncio.gather(*futures)
+    outcomes = [o for r in results for o in (r if isinstance(r, list) else [r])]
+    await grouped.drain()
+    assert grouped.pending == 0
+    single_store = ResourceStore(tmp_path / "single.sqlite")
+    try:
+        single = Applier(
+            env.mirror, single_store, env.fetcher, allowed_origins=[source.base],
+            metadata_only=True,
+        )  # fmt: skip
+        assert outcomes == [await single.apply(c) for c in changes]
+        for loc in {c.loc for c in changes}:
+            mine, theirs = await env.store.get(loc), await single_store.get(loc)
+            assert (mine.change, mine.datetime) == (theirs.change, theirs.datetime)  # type: ignore[union-attr]
+    finally:
+        await single_store.close()
+    recorded = [c for c, o in zip(changes, outcomes, strict=True) if o is Outcome.RECORDED]
+    assert [(kind, loc) for kind, loc, _ in env.events] == [(c.change, c.loc) for c in recorded]
+    await assert_never_backwards(env.store)
+
+
+async def test_metadata_only_groups_fail_with_an_unusable_store(env: Env) -> None:
+    """A local failure reaches every group queued, none is answered as recorded."""
+    applier = env.applier(metadata_only=True)
+    changes = [env.note(f"/u/{i}", "created", at(i)) for i in range(10)]
+    await env.store.close()
+    first = applier.submit_many(applier.read_many(changes[:6]), changes[:6])
+    second = applier.submit_many(applier.read_many(changes[6:]), changes[6:])
+    with pytest.raises(ResourceStoreError):
+        await asyncio.wait_for(applier.drain(), 5)
+    for future in (first, second):
+        with pytest.raises(ResourceStoreError):
+            future.result()
+
+
+async def test_submit_many_takes_only_what_the_batch_recorder_records(env: Env) -> None:
+    change = env.note("/x", "created", at(1))
+    fetching = env.applier()
+    with pytest.raises(ValueError):
+        fetching.submit_many(fetching.read_many([change]), [change])
 
 
 async def test_hooks_get_change_and_path_and_their_errors_are_not_fatal(

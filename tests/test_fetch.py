@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -477,3 +478,35 @@ def test_link_header_extended_and_valueless_params():
 )
 def test_link_header_malformed_input_is_skipped_not_raised(value, expected):
     assert parse_link_header(value) == expected
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:44803/c1/resources/r1.txt",
+        "HTTP://Example.COM:80/a?b#c",
+        "https://a.b:443",
+        "http://a:b:c/",
+        "http://[::1]:8080/x",
+        "http://user@h/x",
+        "http://h?x",
+        "http://h#f",
+        "ftp://h/x",
+        "http:///x",
+        "http://bücher.example/",
+        "http://h:99999/",
+        "http://h:0080/x",
+        "http://h:80\\@evil/x",
+    ],
+)
+def test_origin_of_by_its_authority_prefix_is_the_origin_of_the_whole_url(url: str) -> None:
+    """The memo per plain ``scheme://authority`` answers (or refuses) as parsing it whole."""
+    from rsnotify.fetch import _origin_of
+
+    def answer(fn: Any) -> Any:
+        try:
+            return fn(url)
+        except FetchError as exc:
+            return ("refused", str(exc))
+
+    assert answer(origin_of) == answer(_origin_of)

@@ -190,3 +190,62 @@ def test_chronological_is_a_stable_sort_and_names_the_first_entry_out_of_place(
     if result.first is not None:
         before = listed[: listed.index(result.first)]
         assert max(e.change_time for e in before) > result.first.change_time
+
+
+def _reference_digest(entry: Entry) -> bytes:
+    """The digest as first written (checkpoints on disk hold these bytes)."""
+    import hashlib
+
+    from rsnotify import w3cdt
+
+    when = entry.change_time
+    key = f"{entry.change.value if entry.change else '?'} {entry.loc}"
+    text = f"{key}\n{w3cdt.format(when) if when is not None else ''}"
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+@given(
+    micros=st.integers(0, 10**14),
+    offset_minutes=st.sampled_from([0, 60, -330, 24 * 60 - 1]),
+    change=st.sampled_from([*ChangeType, None]),
+    loc=st.text(min_size=1, max_size=20),
+    lastmod_only=st.booleans(),
+)
+@settings(max_examples=300, deadline=None)
+def test_entry_digest_is_byte_for_byte_what_checkpoints_hold(
+    micros: int, offset_minutes: int, change: ChangeType | None, loc: str, lastmod_only: bool
+) -> None:
+    """The fast path (UTC times, StrEnum formatting) must not change a stored identity."""
+    from datetime import timezone
+
+    when = (T0 + timedelta(microseconds=micros)).astimezone(
+        timezone(timedelta(minutes=offset_minutes))
+    )
+    if offset_minutes == 0:
+        when = when.astimezone(UTC)  # the parser's own zone object: the fast path
+    entry = (
+        Entry(loc=loc, change=change, lastmod=when)
+        if lastmod_only
+        else Entry(loc=loc, change=change, datetime=when)
+    )
+    assert entry_digest(entry) == _reference_digest(entry)
+    assert entry_digest(Entry(loc=loc, change=change)) == _reference_digest(
+        Entry(loc=loc, change=change)
+    )
+
+
+def test_detect_unordered_takes_the_same_decisions_as_is_new_and_advance() -> None:
+    """detect's one-digest loop against the two-call definition it replaces."""
+    listed = [
+        Entry(loc=f"r{i % 7}", change=ChangeType.UPDATED, datetime=T0 + timedelta(seconds=i % 5))
+        for i in range(40)
+    ]
+    start = Checkpoint(started=True, known=Known.of([entry_digest(listed[3])]))
+    found = detect([*listed, *listed], "L", start)
+    current, expected = start, []
+    for entry in [*listed, *listed]:
+        if current.is_new(entry):
+            current = current.advance(entry, "L")
+            expected.append((entry, current))
+    assert found.entries == [e for e, _ in expected]
+    assert found.checkpoints == [c for _, c in expected]

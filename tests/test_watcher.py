@@ -110,3 +110,26 @@ async def test_a_reset_mid_pass_restarts_from_the_committed_checkpoint(tmp_path:
     rest = [e.loc for r in results for d in r.detections for e in d.entries]
     whole = await _watcher(tmp_path).poll()
     assert rest == [e.loc for d in whole.detections for e in d.entries][1_500:]
+
+
+async def test_a_poll_by_lists_hands_out_whole_lists_once_in_order(tmp_path: Path) -> None:
+    """``lists=1``: a list at a time, each whole (a Destination sorts a list it read whole)."""
+    _source(tmp_path)
+    whole = await _watcher(tmp_path).poll()
+    watcher = _watcher(tmp_path)
+    results = []
+    while True:
+        result = await watcher.poll(lists=1)
+        results.append(result)
+        watcher.commit(result.checkpoint)
+        if not result.more:
+            break
+    assert [[d.changelist for d in r.detections] for r in results] == [
+        [f"{BASE}cl1.xml"],
+        [f"{BASE}cl2.xml"],
+    ]
+    assert [len(r.detections[0]) for r in results] == [2_400, 2_600]
+    assert results[0].checkpoint == results[0].detections[0].checkpoints[-1]
+    assert results[-1].checkpoint == whole.checkpoint  # validators included: next poll is a 304
+    again = await watcher.poll(lists=1)
+    assert again.count == 0 and not again.more

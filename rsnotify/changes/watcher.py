@@ -267,14 +267,18 @@ class CollectionWatcher:
             return adopt_unordered(checkpoint, ()), False
         return checkpoint, True
 
-    async def poll(self, limit: int | None = None) -> PollResult:
+    async def poll(self, limit: int | None = None, *, lists: int | None = None) -> PollResult:
         """One detection pass.  Raises FetchError / DocumentError for the caller's backoff.
 
         With ``limit``, a pass returns after that many new entries with
         ``more`` set, and the next call carries on where it stopped (from the
         same bytes, not a new read), so the caller can log and push the first
         thousands of entries of a 50,000-entry list before the rest is parsed.
-        The caller must log what a pass returned before polling again.
+        ``lists`` does the same after that many whole lists were read, for a
+        caller that needs each list whole (a Destination sorts a list read
+        out of order, which it knows only at the list's end) and wants to
+        apply one while the next is parsed.  The caller must log what a pass
+        returned before polling again.
         """
         result = PollResult(checkpoint=self.checkpoint)
         work = self._pass
@@ -295,6 +299,7 @@ class CollectionWatcher:
             work = _Pass(lists_to_read(self._refs, current), current, prefetched, adopt=adopt)
         self._pass = None  # set again only if this pass stops at its limit
         budget = limit
+        read = 0  # whole lists read by this call
         while True:
             if work.entries is None:
                 if not work.refs:
@@ -329,6 +334,12 @@ class CollectionWatcher:
                     result.checkpoint = work.current
                     return result
             work.entries = None
+            read += 1
+            if lists is not None and read >= lists and work.refs:
+                self._pass = work
+                result.more = True
+                result.checkpoint = work.current
+                return result
         current = work.current
         state = self._lists.get(current.changelist or "")
         if state is not None:

@@ -43,11 +43,12 @@ the failure is expected (the Source has moved on), and catching up after a
 long outage would otherwise spend most of its time in backoff.  Hooks do not
 run for a superseded change; they run for the change that replaces it.
 
-Why one module of ~720 lines: per-resource ordering (the chains), the
+Why one module of ~700 lines: per-resource ordering (the chains), the
 decision flow of one change and its reporting share the same state (what is
 queued per ``loc``), and splitting them spread one invariant over several
 files.  The pure rules are in :mod:`.rules`, the I/O with the Source in
-:mod:`.transfer`, the callbacks in :mod:`.hooks`.
+:mod:`.transfer`, the callbacks in :mod:`.hooks`, ``metadata_only``'s
+batched recording in :mod:`.recorder`.
 
 Every outcome lands in the apply log.  Local failures (disk full, unwritable
 mirror, broken resource store) are not outcomes: they raise
@@ -60,7 +61,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections import deque
 from collections.abc import AsyncIterable, Callable, Collection
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -72,7 +72,8 @@ from ..fetch import Fetcher, OriginNotAllowed, check_origin, origin_of
 from ..model import ChangeType
 from .hooks import Hooks, call_hook
 from .mirror import FixityMismatch, Mirror, PathConflict, UnsafePath
-from .resources import APPLY, CONFIRM, KEEP, ResourceState, ResourceStore
+from .recorder import RECORD_BATCH, BatchRecorder
+from .resources import CONFIRM, KEEP, ResourceState, ResourceStore
 from .rules import (
     OUTDATED_DELETE,
     SAME_BYTES,
@@ -84,7 +85,6 @@ from .rules import (
     already_applied,
     classify,
     path_failure,
-    provisional,
     read_change,
     same_change,
     to_recheck,
@@ -92,15 +92,12 @@ from .rules import (
 from .transfer import Transfer
 from .trust import DEFAULT_MAX_SKEW, beyond_skew
 
-__all__ = ["Applier", "Hooks", "InvalidChange", "Outcome"]
+__all__ = ["RECORD_BATCH", "Applier", "Hooks", "InvalidChange", "Outcome"]
 
 log = logging.getLogger("rsnotify.subscribe")
 
 DEFAULT_MAX_RESOURCE_BYTES = 1 << 30
-RECORD_BATCH = 2_000  # metadata-only changes recorded per transaction
-
-
-_Queued = tuple[ChangeView, Any, "asyncio.Future[Outcome]"]
+VET_CACHE_SIZE = 50_000  # locs whose vetting is remembered (a few MB)
 
 
 class Applier:
@@ -164,8 +161,18 @@ class Applier:
         self._queued: dict[str, list[datetime]] = {}  # loc -> datetimes submitted
         self._pending: set[asyncio.Future[Outcome]] = set()
         # metadata_only: changes waiting to be recorded, by one task, in order.
-        self._batch: deque[_Queued] = deque()
-        self._batcher: asyncio.Task[None] | None = None
+        self._recorder = BatchRecorder(
+            resources,
+            vet=self._vet,
+            confirms=self._confirms,
+            reported=self._reported,
+            hook=self._hook,
+            hooks_present=lambda: self.hooks is not None,
+            max_skew=max_skew,
+        )
+        # loc -> what _vet said: it depends on the loc and this applier's settings
+        # only, and a catch-up vets the same few thousand locs tens of thousands of times.
+        self._vetted: dict[str, tuple[Path | None, Failure | None]] = {}
 
     # -- ordering ---------------------------------------------------------------
 
@@ -183,6 +190,7 @@ class Applier:
         reuse: bool = False,
         unordered: bool = False,
         body: bytes | None = None,
+        view: ChangeView | None = None,
     ) -> asyncio.Future[Outcome]:
         """Queue ``change``; it runs after every earlier submitted change of its ``loc``.
 
@@ -191,19 +199,23 @@ class Applier:
         hand (a Change Dump package), written instead of a fetch if they verify
         against the change (:meth:`.transfer.Transfer.fetch`).  Raises :class:`InvalidChange` at
         once for an unusable object.  The returned future holds the
-        :class:`Outcome` (or a local failure).
+        :class:`Outcome` (or a local failure).  ``view``: ``change`` as
+        :meth:`read_many` read it (with these ``collection`` and ``unordered``),
+        so a walk reads each entry once.
         """
-        view = read_change(
-            change,
-            confirmed=confirmed,
-            max_skew=self.max_skew,
-            collection=collection,
-            reuse=reuse,
-            unordered=unordered,
-        )
+        if view is None:
+            view = read_change(
+                change,
+                confirmed=confirmed,
+                max_skew=self.max_skew,
+                collection=collection,
+                reuse=reuse,
+                unordered=unordered,
+            )
         if self.metadata_only and (view.confirmed or view.change is not ChangeType.DELETED):
             # An unconfirmed deletion takes the per-change path: it asks the Source.
-            return self._submit_record(view, change)
+            future: asyncio.Future[Outcome] = self._submit_record([view], [change], single=True)
+            return future
         previous = self._tails.get(view.loc)
         self._queued.setdefault(view.loc, []).append(view.datetime)
         task = asyncio.get_running_loop().create_task(self._after(previous, view, change, body))
@@ -231,7 +243,26 @@ class Applier:
                     raise  # this change is cancelled itself
         return await self._apply(view, change, functools.partial(self._newer_queued, view), body)
 
-    async def settle_many(self, changes: list[Any]) -> list[bool]:
+    def read_many(
+        self, changes: list[Any], *, collection: str | None = None, unordered: bool = False
+    ) -> list[ChangeView]:
+        """``changes`` (confirmed: read from the Source) as :meth:`submit` reads each.
+
+        For a walk of the Change Lists, which hands the same views to
+        :meth:`settle_many`, :meth:`supersede_many` and :meth:`submit`: each
+        entry read once instead of up to three times.
+        """
+        now = datetime.now(UTC)  # one clock read for the skew check of the whole batch
+        return [
+            read_change(
+                change, max_skew=self.max_skew, collection=collection, unordered=unordered, now=now
+            )
+            for change in changes
+        ]
+
+    async def settle_many(
+        self, changes: list[Any], *, views: list[ChangeView] | None = None
+    ) -> list[bool]:
         """Which of ``changes`` (read from the Source's Change Lists) need no work at all.
 
         A walk of the Change Lists re-reads what push already applied (push
@@ -246,7 +277,8 @@ class Applier:
         """
         if self.metadata_only or not changes:  # the batch recorder is the cheap path there
             return [False] * len(changes)
-        views = [read_change(change, max_skew=self.max_skew) for change in changes]
+        if views is None:
+            views = [read_change(change, max_skew=self.max_skew) for change in changes]
         locs = [v.loc for v in views if v.loc not in self._queued]
         states = await self.resources.get_many(locs) if locs else {}
         now = datetime.now(UTC)
@@ -284,11 +316,17 @@ class Applier:
         fetch, no hook), one task, state read, log line and transaction per
         change, which after a long outage was most of a catch-up's cost.
         Created/updated changes only (a deletion still deletes), never in
-        ``metadata_only`` (every change is recorded there).
+        ``metadata_only`` (every change is recorded there).  ``changes`` may
+        be views already read (:meth:`read_many`).
         """
         rows: list[tuple[tuple[Any, ...], int]] = []
+        now = datetime.now(UTC)  # one stamp: one transaction
         for change in changes:
-            view = read_change(change, max_skew=self.max_skew)
+            view = (
+                change
+                if isinstance(change, ChangeView)
+                else read_change(change, max_skew=self.max_skew)
+            )
             if self.metadata_only or view.change is ChangeType.DELETED:
                 raise ValueError(f"{view.loc}: only created/updated changes are superseded")
             row = self.resources.row(
@@ -298,104 +336,41 @@ class Applier:
                 outcome=Outcome.SUPERSEDED,
                 seq=view.seq,
                 detail="a newer change of the same walk is queued",
+                applied_at=now,
             )
             rows.append((row, KEEP))
         if rows:
             await self.resources.record_rows(rows)
             log.info("%d change(s) superseded by newer ones of the same walk", len(rows))
 
-    def _submit_record(self, view: ChangeView, change: Any) -> asyncio.Future[Outcome]:
-        """metadata_only: queue for the batch recorder instead of a task per change.
+    def recordable(self, view: ChangeView) -> bool:
+        """metadata_only: ``view`` goes to the batch recorder (:meth:`submit_many` takes it)."""
+        return self.metadata_only and (view.confirmed or view.change is not ChangeType.DELETED)
 
-        Nothing is fetched, so there is nothing to run concurrently: one task
-        records queued changes in submission order (per-resource order holds
-        trivially), a batch per transaction, which is what lets a catch-up of
-        tens of thousands of changes finish in seconds.
+    def submit_many(
+        self, views: list[ChangeView], changes: list[Any]
+    ) -> asyncio.Future[list[Outcome]]:
+        """metadata_only: record ``views`` (read from ``changes``) in order, one future for all.
+
+        For a walk of the Change Lists, which submits thousands of changes at
+        once: the same decisions and rows as :meth:`submit` per change (see
+        :mod:`.recorder`), without a future and a pipeline slot each.
+        Every view must be :meth:`recordable`.  The future holds the outcomes
+        in the order given, once all of them are durable.
         """
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Outcome] = loop.create_future()
-        self._batch.append((view, change, future))
+        if not all(self.recordable(view) for view in views):
+            raise ValueError("submit_many takes only changes the batch recorder records")
+        return self._submit_record(views, changes, single=False)
+
+    def _submit_record(
+        self, views: list[ChangeView], changes: list[Any], *, single: bool
+    ) -> asyncio.Future[Any]:
+        """metadata_only: queue for the batch recorder (:mod:`.recorder`), not a task per change."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
-        if self._batcher is None or self._batcher.done():
-            self._batcher = loop.create_task(self._record_batches())
+        self._recorder.queue(views, changes, future, single)
         return future
-
-    async def _record_batches(self) -> None:
-        while self._batch:
-            batch = [self._batch.popleft() for _ in range(min(RECORD_BATCH, len(self._batch)))]
-            try:
-                await self._record_batch(batch)
-            except Exception as exc:  # a local failure: the store cannot be written
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-            except BaseException:  # cancelled: nothing left will be recorded
-                for _, _, future in [*batch, *self._batch]:
-                    future.cancel()
-                self._batch.clear()
-                raise
-
-    async def _record_batch(self, batch: list[_Queued]) -> None:
-        store = self.resources
-        vetted = [self._vet(view) for view, _, _ in batch]
-        states = await store.get_many(
-            [view.loc for (view, _, _), (_, refusal) in zip(batch, vetted, strict=True)
-             if refusal is None]
-        )  # fmt: skip
-        rows: list[tuple[tuple[Any, ...], int]] = []
-        plan: list[tuple[Outcome, Failure | None]] = []
-        for (view, _, _), (_, refusal) in zip(batch, vetted, strict=True):
-            state = states.get(view.loc)
-            if refusal is not None:
-                outcome, update = refusal.outcome, KEEP
-            elif self._confirms(state, view):
-                outcome, update = Outcome.CONFIRMED, CONFIRM
-            elif already_applied(state, view, self.max_skew):
-                outcome, update = Outcome.SKIPPED_ALREADY_APPLIED, KEEP
-            else:
-                outcome, update = Outcome.RECORDED, APPLY
-            row = store.row(
-                view.loc,
-                view.change,
-                view.datetime,
-                outcome=outcome,
-                seq=view.seq,
-                sha256=view.hashes.get("sha-256") if update == APPLY else None,
-                length=view.length if update == APPLY else None,
-                detail=refusal.detail if refusal is not None else None,
-                confirmed=view.confirmed,
-            )
-            rows.append((row, update))
-            plan.append((outcome, refusal))
-            if update == CONFIRM and state is not None:
-                states[view.loc] = replace(state, confirmed=True)
-            elif update == APPLY and (
-                state is None
-                or view.datetime >= state.datetime
-                or provisional(state, self.max_skew)
-            ):
-                states[view.loc] = ResourceState(
-                    loc=view.loc,
-                    change=view.change,
-                    datetime=view.datetime,
-                    seq=view.seq,
-                    sha256=None,
-                    length=None,
-                    applied_at=view.datetime,
-                    confirmed=view.confirmed,
-                )
-        await store.record_rows(rows)
-        for (view, change, future), (path, _), (outcome, refusal) in zip(
-            batch, vetted, plan, strict=True
-        ):
-            if refusal is not None:
-                await self._reported(view, change, refusal)
-            elif outcome is Outcome.RECORDED:
-                assert path is not None
-                await self._hook(view, change, path)
-            if not future.done():
-                future.set_result(outcome)
 
     def _newer_queued(self, view: ChangeView) -> bool:
         """True when a change of the same loc with a later datetime waits in the queue.
@@ -434,7 +409,7 @@ class Applier:
         if first is not None:
             raise first
 
-    async def abandon(self, futures: Collection[asyncio.Future[Outcome]] | None = None) -> None:
+    async def abandon(self, futures: Collection[asyncio.Future[Any]] | None = None) -> None:
         """Cancel submitted changes and wait until none of them is still running.
 
         Used before an engine restarts from its durable cursor after a local
@@ -448,13 +423,7 @@ class Applier:
         (the chaos matrix's disk-full scenario).
         """
         doomed = set(self._pending) if futures is None else set(futures) & self._pending
-        kept: deque[_Queued] = deque()
-        for item in self._batch:
-            if item[2] in doomed:
-                item[2].cancel()
-            else:
-                kept.append(item)
-        self._batch = kept
+        self._recorder.drop(doomed)
         for future in doomed:
             future.cancel()
         if doomed:
@@ -672,7 +641,20 @@ class Applier:
         return Outcome.APPLIED
 
     def _vet(self, view: ChangeView) -> tuple[Path | None, Failure | None]:
-        """Origin first (a forged notification is refused as such), then the path."""
+        """Origin first (a forged notification is refused as such), then the path.
+
+        Remembered per loc (up to :data:`VET_CACHE_SIZE` of them, then forgotten
+        all at once): the answer depends on nothing else.
+        """
+        answer = self._vetted.get(view.loc)
+        if answer is None:
+            answer = self._vet_now(view)
+            if len(self._vetted) >= VET_CACHE_SIZE:
+                self._vetted.clear()
+            self._vetted[view.loc] = answer
+        return answer
+
+    def _vet_now(self, view: ChangeView) -> tuple[Path | None, Failure | None]:
         try:
             check_origin(view.loc, self.allowed_origins)
         except OriginNotAllowed as exc:

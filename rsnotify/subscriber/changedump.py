@@ -47,7 +47,8 @@ import hashlib
 import logging
 import zipfile
 import zlib
-from collections.abc import Collection, Sequence
+from collections import deque
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -74,6 +75,7 @@ log = logging.getLogger("rsnotify.subscribe")
 
 MIN_BODIES = 100  # fewer bodies to fetch than this: one GET each beats a package
 MAX_HELD_BYTES = 256 << 20  # bodies read from packages and held for the applier, per walk
+DOWNLOADS_AHEAD = 3  # packages downloading while the one before is read
 
 Key = tuple[str, datetime]  # (loc, change time): how the specification names one change
 
@@ -186,6 +188,16 @@ async def _packages(fetcher: Fetcher, url: str) -> list[Entry]:
     return found
 
 
+async def _discard(tasks: Iterable[asyncio.Task[Path]]) -> None:
+    """Stop downloads no longer needed and remove what they wrote."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()  # download_package removes its temp file when cancelled
+    for outcome in await asyncio.gather(*pending, return_exceptions=True):
+        if isinstance(outcome, Path):  # it had finished: its file is complete
+            outcome.unlink(missing_ok=True)
+
+
 async def bodies_from_change_dump(
     fetcher: Fetcher,
     changedump_url: str,
@@ -214,24 +226,43 @@ async def bodies_from_change_dump(
         log.warning("Change Dump %s not used: %s", changedump_url, exc)
         return result
     workdir.mkdir(parents=True, exist_ok=True)
-    for package in packages:
-        if not wanted or result.held_bytes >= MAX_HELD_BYTES:
-            break
-        if not _overlaps(package, first, last):
-            continue
-        try:
-            temp = await download_package(
-                fetcher, package, workdir, max_package_bytes, allowed_origins
+    overlapping = iter([p for p in packages if _overlaps(p, first, last)])
+    # Packages are read in order, one at a time (each takes what the ones before
+    # left wanted), while the next ones download: a package's transfer no longer
+    # waits for the previous one's reading, nor the reading for the transfer.
+    downloading: deque[tuple[Entry, asyncio.Task[Path]]] = deque()
+
+    def download_more() -> None:
+        while len(downloading) < DOWNLOADS_AHEAD:
+            package = next(overlapping, None)
+            if package is None:
+                return
+            task = asyncio.ensure_future(
+                download_package(fetcher, package, workdir, max_package_bytes, allowed_origins)
             )
-        except (FetchError, UnusableDump, OSError) as exc:
-            log.warning("Change Dump package %s not used: %s", package.loc, exc)
-            continue
-        try:
-            result.packages += 1
-            result.package_bytes += temp.stat().st_size
-            await asyncio.to_thread(extract, temp, package.loc, wanted, result)
-        finally:
-            temp.unlink(missing_ok=True)
+            downloading.append((package, task))
+
+    download_more()
+    try:
+        while downloading:
+            if not wanted or result.held_bytes >= MAX_HELD_BYTES:
+                break
+            package, task = downloading.popleft()
+            try:
+                temp = await task
+            except (FetchError, UnusableDump, OSError) as exc:
+                log.warning("Change Dump package %s not used: %s", package.loc, exc)
+                download_more()
+                continue
+            download_more()
+            try:
+                result.packages += 1
+                result.package_bytes += temp.stat().st_size
+                await asyncio.to_thread(extract, temp, package.loc, wanted, result)
+            finally:
+                temp.unlink(missing_ok=True)
+    finally:
+        await _discard(task for _, task in downloading)
     for reason in result.refused[:20]:
         log.info("Change Dump: %s; fetching it instead", reason)
     return result

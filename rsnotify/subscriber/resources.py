@@ -148,6 +148,9 @@ class ApplyRecord:
     confirmed: bool = True
 
 
+_CHANGE_TYPES = {kind.value: kind for kind in ChangeType}  # a row's change, without Enum's call
+
+
 def _to_us(value: datetime) -> int:
     if value.tzinfo is None:
         raise ValueError("naive datetime: rsnotify times are aware (UTC)")
@@ -184,6 +187,11 @@ class ResourceStore:
         # loc -> state (None: known absent); most recently used last.
         self._cache: OrderedDict[str, ResourceState | None] = OrderedDict()
         self._cache_size = cache_size
+        # The cache holds every state in the database (preload), so a loc it
+        # lacks has none: no query for it.  Lost for good at the first eviction.
+        self._complete = False
+        self._preloaded = False
+        self._applied_us, self._applied_at = 0, _EPOCH  # the last stamp _remember_write converted
         self._reads: dict[str, list[asyncio.Future[ResourceState | None]]] = {}
         self._reader: asyncio.Task[None] | None = None
         try:
@@ -315,6 +323,7 @@ class ResourceStore:
         cache.move_to_end(loc)
         if len(cache) > self._cache_size:
             cache.popitem(last=False)
+            self._complete = False
 
     def _remember_write(self, row: tuple[Any, ...], update_state: int, changed: bool) -> None:
         """Mirror a committed state write in the cache (the database decided ``changed``)."""
@@ -330,16 +339,18 @@ class ResourceStore:
                 self._cache.pop(loc, None)  # unknown here: the next read asks the database
             return
         change, when, seq, applied, sha256, length = row[1:7]
+        if applied != self._applied_us:  # a batch's rows share one stamp: converted once
+            self._applied_us, self._applied_at = applied, _from_us(applied)
         self._remember(
             loc,
             ResourceState(
                 loc=loc,
-                change=ChangeType(change),
+                change=_CHANGE_TYPES[change],
                 datetime=_from_us(when),
                 seq=seq,
                 sha256=sha256,
                 length=length,
-                applied_at=_from_us(applied),
+                applied_at=self._applied_at,
                 confirmed=bool(row[9]),
             ),
         )
@@ -405,12 +416,58 @@ class ResourceStore:
 
     # -- the interface ------------------------------------------------------------
 
+    def _all_states(self, limit: int) -> dict[str, ResourceState] | None:
+        """Every state, or None when there are more than ``limit`` of them."""
+        db = self._sql.db
+        if int(db.execute("SELECT COUNT(*) FROM resources").fetchone()[0]) > limit:
+            return None
+        return {
+            loc: ResourceState(
+                loc=loc,
+                change=ChangeType(change),
+                datetime=_from_us(when),
+                seq=seq,
+                sha256=sha256,
+                length=length,
+                applied_at=_from_us(applied),
+                confirmed=bool(confirmed),
+            )
+            for loc, change, when, seq, sha256, length, applied, confirmed in db.execute(
+                "SELECT loc, change, datetime_us, seq, sha256, length, applied_us, confirmed "
+                "FROM resources"
+            )
+        }
+
+    async def preload(self) -> bool:
+        """Read every state into the cache if they fill at most half of it; True if so.
+
+        For a catch-up, which reads the states of thousands of locs, many never
+        recorded (created since): with every state cached, a loc the cache
+        lacks has none, and no read waits for the database, where it would
+        queue behind the previous batch's transaction.  Tried once per store
+        (a store too large for it stays too large); writes keep the cache
+        whole until the first eviction.
+        """
+        if self._preloaded:
+            return self._complete
+        self._preloaded = True
+        found = await self._run(self._all_states, self._cache_size // 2)
+        if found is None:
+            return False
+        self._complete = True  # unless filling the cache evicts something (_remember)
+        for loc, state in found.items():
+            if loc not in self._cache:  # a write answered meanwhile is newer
+                self._remember(loc, state)
+        return self._complete
+
     async def get(self, loc: str) -> ResourceState | None:
         """The newest applied change of ``loc``, or None if none was ever applied."""
         cache = self._cache
         if loc in cache:
             cache.move_to_end(loc)
             return cache[loc]
+        if self._complete:
+            return None
         if self._sql.closed:
             raise ResourceStoreError(f"resource store {self.path} is closed")
         future: asyncio.Future[ResourceState | None] = asyncio.get_running_loop().create_future()
@@ -429,7 +486,7 @@ class ResourceStore:
             elif loc not in answers:
                 missing.append(loc)
                 answers[loc] = None
-        if missing:
+        if missing and not self._complete:
             found = await self._run(self._get_many, missing)
             for loc in missing:
                 state = self._cache[loc] if loc in self._cache else found.get(loc)
@@ -450,8 +507,15 @@ class ResourceStore:
         if self._flusher is not None and not self._flusher.done():
             await asyncio.shield(self._flusher)  # earlier single writes land first
         results = await self._run(self._record_many, rows)
-        for (row, update_state), changed in zip(rows, results, strict=True):
-            if update_state:
+        # Only the last state a batch wrote for a loc stays in the cache: a
+        # catch-up batch writes a resource's state several times, and
+        # building a state object for each write was a tenth of its cost.
+        last: dict[str, int] = {}
+        for i, ((row, update_state), changed) in enumerate(zip(rows, results, strict=True)):
+            if update_state == APPLY and changed:
+                last[row[0]] = i
+        for i, ((row, update_state), changed) in enumerate(zip(rows, results, strict=True)):
+            if update_state and not (update_state == APPLY and changed and last[row[0]] != i):
                 self._remember_write(row, update_state, changed)
         return results
 
@@ -557,7 +621,9 @@ class ResourceStore:
         confirmed: bool,
         collection: str | None,
     ) -> tuple[Any, ...]:
-        kind = ChangeType(change)  # ValueError for anything but created/updated/deleted
+        # ValueError for anything but created/updated/deleted (a member is taken as it is:
+        # Enum's call is slow, and this runs for every change of a catch-up).
+        kind = change if type(change) is ChangeType else ChangeType(change)
         now = applied_at if applied_at is not None else datetime.now(UTC)
         return (
             loc,
@@ -609,4 +675,5 @@ class ResourceStore:
         if self._reader is not None and not self._reader.done():
             await self._reader
         self._cache.clear()
+        self._complete = False
         await self._sql.close()

@@ -42,24 +42,23 @@ from ..fetch import Fetcher, origin_of
 from ..httppolicy import HttpPolicy
 from ..metrics import metrics_app, serve
 from ..model import Capability
-from ..report import SubscriberReporter
 from ..tracker import Checkpoint
 from ..transport.topics import prefix_of
 from .applier import Applier, Hooks
 from .baseline import BaselineSummary, baseline
-from .channels import MqttChannel, Sink, WebSocketChannel, client_tls_context
 from .cursor import CursorStore, StateLock
 from .gaps import GapDetector
 from .mirror import Mirror
 from .ownership import MirrorLock, MirrorRefused, claim
 from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
-from .redis_cursor import RedisCursorStore, destination_id
 from .resources import ResourceStore
 from .sync import CollectionSync
 from .telemetry import SubscriberMetrics
 from .trust import DEFAULT_MAX_SKEW
 
-if TYPE_CHECKING:  # the types only: .websub is imported when --via websub asks for it
+if TYPE_CHECKING:  # the types only: each is imported when a channel or --redis asks for it
+    from .channels import MqttChannel, Sink, WebSocketChannel
+    from .redis_cursor import RedisCursorStore
     from .websub import CallbackServer, WebSubChannel
 
 log = logging.getLogger("rsnotify.subscribe")
@@ -219,11 +218,14 @@ class Subscriber:
         removed = mirror.cleanup_temp()
         if removed:
             log.info("removed %d temporary file(s) left by an interrupted write", removed)
-        self._cursors = (
-            RedisCursorStore(config.redis, destination_id(config.into, config.name))
-            if config.redis
-            else CursorStore(self.state_dir / "cursor.sqlite3")
-        )
+        if config.redis:
+            # Imported here: redis' client is a tenth of a second of start-up
+            # that a Destination without --redis (and a --once catch-up) never needs.
+            from .redis_cursor import RedisCursorStore, destination_id
+
+            self._cursors = RedisCursorStore(config.redis, destination_id(config.into, config.name))
+        else:
+            self._cursors = CursorStore(self.state_dir / "cursor.sqlite3")
         self._resources = ResourceStore(self.state_dir / "resources.sqlite3")
         # One keep-alive connection per transfer slot: fewer would quietly cap
         # --concurrency (the pool, not the semaphore, would be the limit).
@@ -316,6 +318,10 @@ class Subscriber:
                 self._channels.append(self._websub_channel(cap, cid, hub, engine))
                 self.metrics.transport.labels(cid).info({"transport": "websub"})
             elif channel_kind(hub) == "ws":
+                # Imported only when there is a channel: websockets and paho are
+                # a tenth of start-up, which a --once catch-up without push pays.
+                from .channels import WebSocketChannel, client_tls_context
+
                 ws_channel = WebSocketChannel(
                     hub,
                     cid,
@@ -345,6 +351,8 @@ class Subscriber:
             # it to 64 characters: the tail (path end and digest) tells mirrors apart.
             mirror_id = collection_id(str(Path(config.into).resolve()))
             client_id = f"rsnotify-sub-{mirror_id[-(64 - len('rsnotify-sub-')) :]}"
+            from .channels import MqttChannel  # imported only when there is a channel
+
             self._channels.append(
                 MqttChannel(
                     url,
@@ -362,6 +370,8 @@ class Subscriber:
         for channel in self._channels:
             channel.start()
         if config.report:  # telemetry for `rsnotify dashboard` (see rsnotify.report)
+            from ..report import SubscriberReporter  # imports redis: only when asked for
+
             reporter = SubscriberReporter(config.report, self).attach()
             self._tasks.append(asyncio.create_task(reporter.run()))
 
@@ -498,7 +508,8 @@ class Subscriber:
 
     async def stop(self) -> None:
         self.stopping.set()
-        if isinstance(self._cursors, RedisCursorStore):
+        if self._cursors is not None and not isinstance(self._cursors, CursorStore):
+            # The Redis cursor store (imported only with --redis).
             self._cursors.begin_close()  # a Redis that stays away must not hold the exit
         for channel in self._channels:
             with contextlib.suppress(Exception):

@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import tempfile
 import time
 from collections import deque
@@ -61,14 +62,15 @@ from ..changes.watcher import CollectionWatcher, CoverageHole
 from ..envelope import InvalidNotification, Notification
 from ..errors import DocumentError, FetchError, RsNotifyError
 from ..model import ChangeType, Entry, sort_chronologically
-from ..tracker import Checkpoint, Known
+from ..tracker import Checkpoint, Detection, Known
 from ..w3cdt import format as format_datetime
 from . import changedump
 from . import events as ev
-from .applier import Applier, Outcome
+from .applier import RECORD_BATCH, Applier, Outcome
 from .cursor import Cursor, Cursors
 from .gaps import Gap, GapDetector, Verdict
 from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL, PushHealth, Transition
+from .rules import ChangeView
 from .trust import DEFAULT_DOUBT_INTERVAL, DEFAULT_MAX_SKEW, DoubtLimiter, SeqMemory, beyond_skew
 
 log = logging.getLogger("rsnotify.subscribe")
@@ -101,11 +103,13 @@ CONFIRM_AFTER_SECONDS = 30.0
 
 @dataclass(slots=True)
 class _Pending:
-    future: asyncio.Future[Outcome] | None  # None: nothing to apply, only a position
+    # None: nothing to apply, only a position; with ``many``, a future of a list of outcomes.
+    future: asyncio.Future[Outcome] | asyncio.Future[list[Outcome]] | None
     seq: int | None
     checkpoint: Checkpoint | None  # None: a pushed change (it never moves the position)
     notification: Notification | None = None
     confirmed: bool = True  # False: pushed unsigned (its failure is a doubt)
+    many: bool = False  # the future holds a list of outcomes (Applier.submit_many)
 
 
 @dataclass(slots=True)
@@ -138,10 +142,35 @@ class _Found:
     entries: list[Entry]
     settled: list[bool]
     superseded: list[bool] = field(default_factory=list)  # by a later entry of the walk
+    # The position after each entry, as the watcher computed it from the engine's
+    # own position (see same_position); None: the engine works it out entry by entry.
+    checkpoints: list[Checkpoint] | None = None
+    views: list[ChangeView] = field(default_factory=list)  # each entry read once
 
 
 def _entry_of(n: Notification) -> Entry:
     return Entry(loc=n.loc, change=n.change, datetime=n.datetime)
+
+
+def same_position(a: Checkpoint, b: Checkpoint) -> bool:
+    """``a`` and ``b`` have consumed the same entries (validators aside).
+
+    The watcher's position at the start of a pass and the engine's submitted
+    position: when they agree, the checkpoint the watcher computed after each
+    entry it found is the one the engine would compute (the same
+    :meth:`Checkpoint.advance` from the same start), so the engine takes it
+    instead of digesting every entry again.
+    """
+    if a is b:
+        return True
+    return (
+        a.changelist == b.changelist
+        and a.last_time == b.last_time
+        and a.boundary == b.boundary
+        and a.position == b.position
+        and a.started == b.started
+        and (a.known is b.known or a.known == b.known)
+    )
 
 
 class CollectionSync:
@@ -298,6 +327,8 @@ class CollectionSync:
         settled: bool = False,
         superseded: bool = False,
         body: bytes | None = None,
+        checkpoint: Checkpoint | None = None,
+        view: ChangeView | None = None,
     ) -> None:
         """Apply a Change List entry read from the Source, moving the position over it.
 
@@ -308,25 +339,47 @@ class CollectionSync:
         ``superseded``: recorded as such already (:meth:`_supersede`): only
         the position moves, and it counts as applied, as the applier's
         superseded outcome does.  ``body``: its bytes from a Change Dump
-        package (:meth:`_packaged`).
+        package (:meth:`_packaged`).  ``checkpoint``: the position after
+        this entry, computed by the watcher from the engine's own position
+        (:func:`same_position`); without it the engine works it out.
+        ``view``: the entry already read (:meth:`Applier.read_many`).
         """
-        if not self._submitted.is_new(entry):
+        if checkpoint is None and not self._submitted.is_new(entry):
             self.stats.skipped += 1
-            self._pending.append(_Pending(None, None, None))
+            self._pass_over(None)
         else:
-            self._submitted = self._submitted.advance(entry, changelist)
+            self._submitted = (
+                checkpoint if checkpoint is not None else self._submitted.advance(entry, changelist)
+            )
             if settled or superseded:
                 if superseded:
                     self.stats.applied += 1
                 else:
                     self.stats.skipped += 1
-                self._pending.append(_Pending(None, None, self._submitted))
+                self._pass_over(self._submitted)
             else:
                 future = self.applier.submit(
-                    entry, collection=self.collection, unordered=unordered, body=body
+                    entry, collection=self.collection, unordered=unordered, body=body, view=view
                 )
                 self._pending.append(_Pending(future, None, self._submitted))
         self._wake.set()
+
+    def _pass_over(self, checkpoint: Checkpoint | None) -> None:
+        """Queue a position with nothing to apply (an entry settled, superseded or skipped).
+
+        Merged into the previous item when that one has nothing to apply
+        either: the cursor passes both at once, with no await in between,
+        so one item does what two did (a catch-up that supersedes 48,000
+        of 50,000 changes queued an item for each).
+        """
+        pending = self._pending
+        if pending:
+            tail = pending[-1]
+            if tail.future is None and tail.seq is None and tail.notification is None:
+                if checkpoint is not None:
+                    tail.checkpoint = checkpoint
+                return
+        pending.append(_Pending(None, None, checkpoint))
 
     def _submit_pushed(self, n: Notification) -> None:
         """Apply a pushed change as a hint: it never moves the Change List position."""
@@ -398,7 +451,11 @@ class CollectionSync:
                         self.idle.set()
                         log.error("%s", self.failure)
                         return
-                    self._count(outcome, item)
+                    if isinstance(outcome, list):  # item.many
+                        for each in outcome:
+                            self._count(each, item)
+                    else:
+                        self._count(outcome, item)
                 self._pending.popleft()
                 if len(self._pending) < self.max_in_flight:
                     self._room.set()
@@ -496,6 +553,8 @@ class CollectionSync:
         """
         backoff = Backoff(maximum=10.0)
         applied = 0
+        # Every state in memory if they fit (once per store): a walk reads thousands.
+        await self.applier.resources.preload()
         self._pushed_since_walk = 0
         self._last_walk = time.monotonic()
         while True:
@@ -507,38 +566,25 @@ class CollectionSync:
                     # changes do not move the position, so walks follow walks).
                     self.watcher.reset(self._submitted)
                     self._watcher_synced = True
+                # Recorded-only changes are recorded list by list, each while the
+                # next is parsed; fetched ones wait for the whole pass, so that
+                # every change a later one supersedes is known before any fetch.
+                lists = 1 if self.applier.metadata_only else None
                 for _ in range(CATCH_UP_PASSES):
-                    result = await self.watcher.poll()
-                    if not result.count:
+                    found_any, more = False, True
+                    while more:
+                        # Before the poll: the watcher's position when it starts reading.
+                        aligned = same_position(self.watcher.checkpoint, self._submitted)
+                        result = await self.watcher.poll(lists=lists)
+                        more = result.more
+                        if result.count:
+                            found_any = True
+                            applied += await self._submit_pass(result.detections, aligned)
+                            self.watcher.commit(result.checkpoint)
+                        if more:
+                            await asyncio.sleep(0)  # the recorder takes what was queued
+                    if not found_any:
                         break
-                    batch: list[_Found] = []
-                    for found in result.detections:
-                        # In change-time order (stable): a list read out of order
-                        # (--lenient order, the default here) is applied as if the
-                        # Source had written it in order; the reader warned once.
-                        unordered = found.changelist in self.watcher.unordered_lists
-                        entries = sort_chronologically(found.entries)
-                        settled = await self.applier.settle_many(entries)
-                        batch.append(_Found(found.changelist, unordered, entries, settled))
-                    if len(self._pending) >= self.max_in_flight:
-                        # Before the batch, not inside it: all of it is queued
-                        # before any of it runs (superseding), so a walk may
-                        # pass the cap by one batch.
-                        await self._wait_for_room()
-                    await self._supersede(batch)
-                    bodies = await self._packaged(batch)
-                    for item in batch:  # no await: all queued before any runs (superseding)
-                        for entry, done, over in zip(
-                            item.entries, item.settled, item.superseded, strict=True
-                        ):
-                            key = changedump.key_of(entry) if bodies else None
-                            body = bodies.get(key) if key is not None else None
-                            self._submit(
-                                entry, item.changelist, unordered=item.unordered,
-                                settled=done, superseded=over, body=body,
-                            )  # fmt: skip
-                            applied += 0 if done else 1
-                    self.watcher.commit(result.checkpoint)
                 if wait:
                     await self.drain()
                 return applied
@@ -562,27 +608,116 @@ class CollectionSync:
                 )
                 await asyncio.sleep(delay)
 
-    async def _supersede(self, batch: list[_Found]) -> None:
+    async def _submit_pass(self, detections: list[Detection], aligned: bool) -> int:
+        """Submit what one poll found, in order; returns how many need work.
+
+        ``aligned``: the watcher started from the engine's own position
+        (:func:`same_position`), so its checkpoints are the engine's.
+        """
+        batch: list[_Found] = []
+        for found in detections:
+            # In change-time order (stable): a list read out of order
+            # (--lenient order, the default here) is applied as if the
+            # Source had written it in order; the reader warned once.
+            unordered = found.changelist in self.watcher.unordered_lists
+            entries = sort_chronologically(found.entries)
+            in_order = all(map(operator.is_, entries, found.entries))
+            # The watcher's positions hold only for the order it read in.
+            checkpoints = found.checkpoints if aligned and in_order else None
+            aligned = aligned and in_order
+            views = self.applier.read_many(entries, collection=self.collection, unordered=unordered)
+            settled = await self.applier.settle_many(entries, views=views)
+            batch.append(
+                _Found(found.changelist, unordered, entries, settled,
+                       checkpoints=checkpoints, views=views)
+            )  # fmt: skip
+        if len(self._pending) >= self.max_in_flight:
+            # Before the batch, not inside it: all of it is queued
+            # before any of it runs (superseding), so a walk may
+            # pass the cap by one batch.
+            await self._wait_for_room()
+        doomed = self._supersede(batch)
+        if doomed:
+            # Recorded while the packages download and the fetches run, not
+            # before they start (48,000 rows of a 50,000-change catch-up took
+            # most of a second): the cursor waits for it like for a change, so
+            # it never passes an entry whose row is not durable.
+            recording = asyncio.ensure_future(self._record_superseded(doomed))
+            self._pending.append(_Pending(recording, None, None, many=True))
+        bodies = await self._packaged(batch)
+        applied = 0
+        for item in batch:  # no await: all queued before any runs (superseding)
+            applied += self._submit_found(item, bodies)
+        return applied
+
+    async def _record_superseded(self, doomed: list[ChangeView]) -> list[Outcome]:
+        """:meth:`Applier.supersede_many`, as a pipeline item (no outcome of its own to count)."""
+        await self.applier.supersede_many(doomed)
+        return []
+
+    def _submit_found(self, item: _Found, bodies: Mapping[changedump.Key, bytes]) -> int:
+        """Submit one list's entries of a walk, in order; returns how many need work.
+
+        Recorded-only changes (``--metadata-only``) at the watcher's positions
+        go to the applier's batch recorder a chunk at a time, one pipeline item
+        per chunk whose position is the one after its last entry: the cursor
+        passes a chunk only once all of it is durable, as it would pass its
+        entries one by one.
+        """
+        applied = 0
+        entries, checkpoints = item.entries, item.checkpoints
+        if checkpoints is not None and self.applier.metadata_only:
+            start = 0
+            while start < len(entries):
+                end = min(start + RECORD_BATCH, len(entries))
+                views = item.views[start:end]
+                if not all(map(self.applier.recordable, views)):
+                    break  # the rest entry by entry (an unconfirmed deletion asks the Source)
+                future = self.applier.submit_many(views, entries[start:end])
+                self._submitted = checkpoints[end - 1]
+                self._pending.append(_Pending(future, None, self._submitted, many=True))
+                applied += end - start
+                start = end
+            first = start
+        else:
+            first = 0
+        for i in range(first, len(entries)):
+            entry, done = entries[i], item.settled[i]
+            key = changedump.key_of(entry) if bodies else None
+            self._submit(
+                entry, item.changelist, unordered=item.unordered, settled=done,
+                superseded=item.superseded[i], body=bodies.get(key) if key is not None else None,
+                checkpoint=checkpoints[i] if checkpoints is not None else None,
+                view=item.views[i] if item.views else None,
+            )  # fmt: skip
+            applied += 0 if done else 1
+        self._wake.set()
+        return applied
+
+    def _supersede(self, batch: list[_Found]) -> list[ChangeView]:
         """Mark the walk's created/updated changes that a later one of the walk supersedes.
 
         The applier would record each as superseded anyway (the later change
-        is queued behind it, :meth:`Applier._newer_queued`); recorded here in
-        one transaction (:meth:`Applier.supersede_many`), they cost no task.
-        Only from lists read in order: out of order, a later time is not a
-        later change.  Not in metadata-only mode, where every change is recorded.
+        is queued behind it, :meth:`Applier._newer_queued`); recorded in one
+        transaction (:meth:`Applier.supersede_many`, by the caller, which gets
+        them back), they cost no task.  Only from lists read in order: out of
+        order, a later time is not a later change.  Not in metadata-only mode,
+        where every change is recorded.
         """
         for item in batch:
             item.superseded = [False] * len(item.entries)
         if self.applier.metadata_only or any(item.unordered for item in batch):
-            return
+            return []
         latest: dict[str, datetime] = {}  # loc -> its latest change time in the walk
         for item in batch:
             for entry in item.entries:
                 when = entry.change_time
                 if when is not None and when > latest.get(entry.loc, when - _TICK):
                     latest[entry.loc] = when
-        doomed: list[Entry] = []
+        doomed: list[ChangeView] = []
         for item in batch:
+            # At the watcher's positions every entry is new; else ask the position.
+            check = item.checkpoints is None
             for i, entry in enumerate(item.entries):
                 when = entry.change_time
                 if (
@@ -590,11 +725,11 @@ class CollectionSync:
                     and when < latest[entry.loc]  # strictly: as Applier._newer_queued
                     and not item.settled[i]
                     and entry.change is not ChangeType.DELETED
-                    and self._submitted.is_new(entry)
+                    and (not check or self._submitted.is_new(entry))
                 ):
                     item.superseded[i] = True
-                    doomed.append(entry)
-        await self.applier.supersede_many(doomed)
+                    doomed.append(item.views[i])
+        return doomed
 
     async def _packaged(self, batch: list[_Found]) -> dict[changedump.Key, bytes]:
         """Bytes for the walk's changes from the Source's Change Dump, if it has one.

@@ -1,0 +1,248 @@
+"""The batch recorder: ``--metadata-only`` changes recorded a transaction at a time.
+
+Nothing is fetched in metadata-only mode, so there is nothing to run
+concurrently: one task records queued changes in submission order
+(per-resource order holds trivially), a batch of up to :data:`RECORD_BATCH`
+per transaction, which is what lets a catch-up of tens of thousands of
+changes finish in seconds.  Each change gets exactly the decision the
+applier's one-change path would give it (:meth:`BatchRecorder._decide`
+follows the same rules, :mod:`.rules`); the applier owns the futures'
+bookkeeping and hands its vetting, reporting and hooks in.
+
+Changes arrive in groups: one change (:meth:`.applier.Applier.submit`,
+a future of one :class:`~.rules.Outcome`) or a walk's chunk
+(:meth:`.applier.Applier.submit_many`, one future of the list).  A batch
+takes whole groups, so a group is never split over two transactions and its
+future is answered once all of it is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any  # the changes submitted: any object read_change reads, handed to hooks
+
+from .resources import APPLY, CONFIRM, KEEP, ResourceState, ResourceStore
+from .rules import ChangeView, Failure, Outcome, already_applied
+
+RECORD_BATCH = 2_000  # metadata-only changes recorded per transaction
+
+# metadata_only: changes queued for the batch recorder, a group at a time: their
+# views, the objects submitted (for hooks), the future the submitter holds, and
+# whether that future holds one Outcome (submit) or a list of them (submit_many).
+_Queued = tuple[list[ChangeView], list[Any], "asyncio.Future[Any]", bool]
+
+
+@dataclass(slots=True, eq=False)
+class _Writing:
+    """One batch of the recorder: decided, then written (``task``), then answered."""
+
+    batch: list[_Queued]
+    views: list[ChangeView]
+    changes: list[Any]
+    vetted: list[tuple[Path | None, Failure | None]]
+    plan: list[tuple[Outcome, Failure | None]]
+    rows: list[tuple[tuple[Any, ...], int]]
+    task: asyncio.Future[list[bool]] | None = None
+
+
+def _fail(batch: list[_Queued], exc: BaseException | None) -> None:
+    """Answer a batch's futures with ``exc`` (None: cancel them)."""
+    for _, _, future, _ in batch:
+        if not future.done():
+            if exc is None:
+                future.cancel()
+            else:
+                future.set_exception(exc)
+
+
+class BatchRecorder:
+    """Records queued groups of changes in order, a pipelined transaction per batch."""
+
+    def __init__(
+        self,
+        resources: ResourceStore,
+        *,
+        vet: Callable[[ChangeView], tuple[Path | None, Failure | None]],
+        confirms: Callable[[ResourceState | None, ChangeView], bool],
+        reported: Callable[[ChangeView, Any, Failure], Awaitable[Outcome]],
+        hook: Callable[[ChangeView, Any, Path], Awaitable[None]],
+        hooks_present: Callable[[], bool],
+        max_skew: float,
+    ) -> None:
+        self.resources = resources
+        self.max_skew = max_skew
+        self._vet = vet
+        self._confirms = confirms
+        self._reported = reported
+        self._hook = hook
+        self._hooks_present = hooks_present
+        self._batch: deque[_Queued] = deque()
+        self._batcher: asyncio.Task[None] | None = None
+
+    def queue(
+        self, views: list[ChangeView], changes: list[Any], future: asyncio.Future[Any], single: bool
+    ) -> None:
+        """Record ``views`` after everything queued before; ``future`` gets the outcome(s)."""
+        self._batch.append((views, changes, future, single))
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.get_running_loop().create_task(self._record_batches())
+
+    def drop(self, doomed: Collection[asyncio.Future[Any]]) -> None:
+        """Cancel the queued groups whose futures are in ``doomed`` (never recorded)."""
+        kept: deque[_Queued] = deque()
+        for item in self._batch:
+            if item[2] in doomed:
+                item[2].cancel()
+            else:
+                kept.append(item)
+        self._batch = kept
+
+    def _next_batch(self) -> list[_Queued]:
+        """Whole groups, in order, up to :data:`RECORD_BATCH` changes (a larger group alone)."""
+        queue = self._batch
+        batch = [queue.popleft()]
+        size = len(batch[0][0])
+        while queue and size + len(queue[0][0]) <= RECORD_BATCH:
+            size += len(queue[0][0])
+            batch.append(queue.popleft())
+        return batch
+
+    async def _record_batches(self) -> None:
+        """Record queued groups a batch (one transaction) at a time, in order, pipelined.
+
+        Batch k+1 is decided while batch k is being written: the decisions
+        read the states the earlier batches leave behind (``states``, exactly
+        what the store's guard will make of them), as one large batch would,
+        so each transaction's wait for the disk overlaps the next one's work
+        instead of following it.  Transactions still commit one after the
+        other, in submission order, and no future is answered before its
+        transaction is durable.  A batch decided on top of one whose write
+        failed fails with it (a local failure: the engine restarts from its
+        cursor).
+        """
+        states: dict[str, ResourceState | None] = {}  # what the batches decided leave behind
+        writing: _Writing | None = None
+        prepared: _Writing | None = None
+        try:
+            while self._batch or writing is not None:
+                prepared = None
+                if self._batch:
+                    batch = self._next_batch()
+                    views = [v for group, _, _, _ in batch for v in group]
+                    changes = [c for _, group, _, _ in batch for c in group]
+                    try:
+                        rows, vetted, plan = await self._decide(views, states)
+                    except Exception as exc:  # the store cannot be read
+                        _fail(batch, exc)
+                        states.clear()
+                    else:
+                        prepared = _Writing(batch, views, changes, vetted, plan, rows)
+                if writing is not None:
+                    done, writing = writing, None
+                    assert done.task is not None
+                    try:
+                        await done.task
+                    except Exception as exc:  # a local failure: the store cannot be written
+                        _fail(done.batch, exc)
+                        if prepared is not None:  # decided on top of what was not written
+                            _fail(prepared.batch, exc)
+                            prepared = None
+                        states.clear()
+                    else:
+                        await self._finish(done)
+                if prepared is not None:
+                    prepared.task = asyncio.ensure_future(self.resources.record_rows(prepared.rows))
+                    writing, prepared = prepared, None
+                    await asyncio.sleep(0)  # the write starts now, while the next batch is decided
+        except BaseException:  # cancelled: nothing left will be recorded
+            for item in (writing, prepared):
+                if item is not None:
+                    if item.task is not None:
+                        item.task.cancel()
+                    _fail(item.batch, None)
+            _fail(list(self._batch), None)
+            self._batch.clear()
+            raise
+
+    async def _decide(
+        self, views: list[ChangeView], states: dict[str, ResourceState | None]
+    ) -> tuple[list[tuple[tuple[Any, ...], int]], list[tuple[Path | None, Failure | None]],
+               list[tuple[Outcome, Failure | None]]]:  # fmt: skip
+        """The rows and outcomes of one batch, given (and updating) ``states``."""
+        store = self.resources
+        vetted = [self._vet(view) for view in views]
+        missing = [
+            view.loc
+            for view, (_, refusal) in zip(views, vetted, strict=True)
+            if refusal is None and view.loc not in states
+        ]
+        if missing:
+            states.update(await store.get_many(missing))
+        now = datetime.now(UTC)  # one stamp: the batch is committed in one transaction
+        rows: list[tuple[tuple[Any, ...], int]] = []
+        plan: list[tuple[Outcome, Failure | None]] = []
+        for view, (_, refusal) in zip(views, vetted, strict=True):
+            state = states.get(view.loc)
+            if refusal is not None:
+                outcome, update = refusal.outcome, KEEP
+            elif self._confirms(state, view):
+                outcome, update = Outcome.CONFIRMED, CONFIRM
+            elif already_applied(state, view, self.max_skew):
+                outcome, update = Outcome.SKIPPED_ALREADY_APPLIED, KEEP
+            else:
+                outcome, update = Outcome.RECORDED, APPLY
+            row = store.row(
+                view.loc,
+                view.change,
+                view.datetime,
+                outcome=outcome,
+                seq=view.seq,
+                sha256=view.hashes.get("sha-256") if update == APPLY else None,
+                length=view.length if update == APPLY else None,
+                detail=refusal.detail if refusal is not None else None,
+                confirmed=view.confirmed,
+                applied_at=now,
+            )
+            rows.append((row, update))
+            plan.append((outcome, refusal))
+            if update == CONFIRM and state is not None:
+                states[view.loc] = replace(state, confirmed=True)
+            elif update == APPLY and (
+                # The store's own guard (ResourceStore._record_many), exactly: a
+                # later batch decides on what this one really leaves behind.
+                state is None or view.datetime >= state.datetime or not state.confirmed
+            ):
+                states[view.loc] = ResourceState(
+                    loc=view.loc,
+                    change=view.change,
+                    datetime=view.datetime,
+                    seq=view.seq,
+                    sha256=None,
+                    length=None,
+                    applied_at=view.datetime,
+                    confirmed=view.confirmed,
+                )
+        return rows, vetted, plan
+
+    async def _finish(self, done: _Writing) -> None:
+        """A batch is durable: report refusals, run hooks, answer its futures."""
+        hooks = self._hooks_present()
+        for view, change, (path, _), (outcome, refusal) in zip(
+            done.views, done.changes, done.vetted, done.plan, strict=True
+        ):
+            if refusal is not None:
+                await self._reported(view, change, refusal)
+            elif outcome is Outcome.RECORDED and hooks:
+                assert path is not None
+                await self._hook(view, change, path)
+        start = 0
+        for views, _, future, single in done.batch:
+            mine = [outcome for outcome, _ in done.plan[start : start + len(views)]]
+            start += len(views)
+            if not future.done():
+                future.set_result(mine[0] if single else mine)
