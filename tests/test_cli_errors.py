@@ -90,7 +90,7 @@ def test_a_configuration_file_value_is_checked_by_the_same_rule(
     assert capsys.readouterr().err.splitlines()[1:] == [
         f"{path}:2: [publish] poll: must be a number > 0, got 0",
         f"{path}:3: [publish] redis: 'notaurl' is not a Redis URL "
-        "(the scheme must be redis://, rediss://, unix://, redis+sentinel://)",
+        "(the scheme must be redis://, rediss://, unix://, redis+sentinel://, redis+cluster://)",
     ]
 
 
