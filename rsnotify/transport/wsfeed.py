@@ -115,12 +115,19 @@ class _Run:
 
     ends: list[int]  # ends[i]: bytes of frames first..first+i
     items: list[bytes]
-    whole: bytes  # all of them, joined once
     joined: dict[int, bytes] = field(default_factory=dict)  # count -> bytes of that many frames
 
     def fits(self, room: int) -> bool:
         """Whether all the frames fit ``room`` (and there is at least one)."""
         return bool(self.items) and self.ends[-1] <= room
+
+    def first(self, count: int) -> bytes:
+        """The first ``count`` frames as one bytes object, joined once for every client."""
+        data = self.joined.get(count)
+        if data is None:
+            data = self.items[0] if count == 1 else b"".join(self.items[:count])
+            self.joined[count] = data
+        return data
 
 
 class Feed(LogTail[FeedItem, Stream]):
@@ -206,7 +213,7 @@ class Feed(LogTail[FeedItem, Stream]):
             if run is None:
                 run = runs[first] = self._run(first)
             if run.fits(room):  # the common case: everything new fits
-                last, data = first + len(run.items) - 1, run.whole
+                last, data = first + len(run.items) - 1, run.first(len(run.items))
             else:
                 chunk = self._chunk(first, room, run)
                 if chunk is None:  # unrenderable: the writer sends it as skipped
@@ -234,11 +241,7 @@ class Feed(LogTail[FeedItem, Stream]):
         if not run.items:
             return None
         count = max(1, bisect_right(run.ends, room))
-        data = run.joined.get(count)
-        if data is None:
-            data = run.items[0] if count == 1 else b"".join(run.items[:count])
-            run.joined[count] = data
-        return first + count - 1, data
+        return first + count - 1, run.first(count)
 
     def _run(self, first: int) -> _Run:
         """Frames from ``first`` on: as many as any buffer has room for, none unrenderable."""
@@ -252,5 +255,4 @@ class Feed(LogTail[FeedItem, Stream]):
             total += len(wire)
             ends.append(total)
             items.append(wire)
-        whole = items[0] if len(items) == 1 else b"".join(items) if items else b""
-        return _Run(ends, items, whole)
+        return _Run(ends, items)
