@@ -21,14 +21,20 @@ archive``: one writer task and one frame per client) -- in one run:
     last one; also per second of gateway CPU (the gateway's own ceiling on
     one core, whatever the clients and other work on a shared machine take).
 
-The clients (:mod:`bench.wsclients`) are raw asyncio protocols that read
-``seq``, ``prev`` and the send time from fixed places in each frame, so that
-200,000 frames/s on the client side do not need more cores than the gateway;
-one client per process also splits its latency at the gateway's
-``published`` stamp: *log* (append, Redis, the gateway's wake-up and
-render) and *fan-out* (the gateway's writes, the kernel, the client).  On a
-shared 2-core machine both halves include waiting for a CPU: read the
-load average beside them.
+The clients (:mod:`bench.wsclients`) are plain sockets in one ``epoll``
+loop per process that read ``seq``, ``prev`` and the send time from fixed
+places in each frame, so that 200,000 frames/s on the client side cost less
+than the gateway.  Latency is measured to the frame's *arrival*: the kernel's
+receive timestamp of the read (``SO_TIMESTAMPNS``), so the time a client
+process waits for a CPU before reading -- a cost of this machine hosting the
+clients, not of the gateway -- is not counted; the time to the read is
+reported beside it (*read p99*).  One client per process also splits its
+latency at the gateway's ``published`` stamp: *log* (append, Redis, the
+gateway's wake-up and render) and *fan-out* (the gateway's writes and the
+kernel).  On a shared 2-core machine both halves include the gateway's wait
+for a CPU: the table gives the CPUs others kept busy just before the run,
+the load average and the CPU pressure (PSI: the share of the live phase in
+which something runnable had no CPU) beside them.
 
 Targets (PASS/FAIL): delivery p99 <= 50 ms in (a) with every notification
 delivered, gateway RSS bounded (peak within 20 % of the RSS after the
@@ -62,21 +68,67 @@ TARGETS = {"p99_ms_max": 50.0, "rss_growth_max": 0.20, "ceiling_ratio_min": 2.0}
 #: The last commit whose gateway fed every client from its own writer task.
 BASELINE_REV = "86cbcf0"
 CAP = "http://bench.invalid/fanout/capabilitylist.xml"
+#: Niceness added to the client processes (--client-nice).  0: they compete with
+#: the gateway for the two CPUs as equals; their arrival stamps come from the
+#: kernel either way, so their own wait for a CPU is not counted as latency.
+CLIENT_NICE = 0
+#: How often the clients look at their sockets (see bench/wsclients.py).
+CLIENT_POLL_MS = 0.0
 
 
 # --- the gateway process -----------------------------------------------------------------
 
 
+class _GcPauses:
+    """The cyclic collector's runs in the gateway process: when, which generation, how long.
+
+    Both in wall time and in the thread's CPU time: on a shared machine a
+    collection can be preempted, and only the CPU time is the collector's.
+    """
+
+    def __init__(self) -> None:
+        self.started = self.started_cpu = 0.0
+        self.runs: list[tuple[float, int, float, float]] = []  # (end, generation, ms, CPU ms)
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started, self.started_cpu = time.perf_counter(), time.thread_time()
+            return
+        pause = (time.perf_counter() - self.started) * 1e3
+        cpu = (time.thread_time() - self.started_cpu) * 1e3
+        self.runs.append((time.time(), info["generation"], pause, cpu))
+
+
+def _gc_during(runs: list[list[float]], start: float, end: float) -> dict[str, Any]:
+    """The gateway's collections between two wall times: count and longest, per generation."""
+    out: dict[str, Any] = {"runs": [0, 0, 0], "longest_ms": [0.0] * 3, "longest_cpu_ms": [0.0] * 3}
+    for at, generation, pause, cpu in runs:
+        if start <= at <= end:
+            g = int(generation)
+            out["runs"][g] += 1
+            out["longest_ms"][g] = max(out["longest_ms"][g], pause)
+            out["longest_cpu_ms"][g] = max(out["longest_cpu_ms"][g], cpu)
+    return out
+
+
 async def _gateway_main(redis_url: str) -> None:
+    import gc
+
+    import rsnotify.runtime
     import rsnotify.transport.ws as ws_module
     from rsnotify.log.redis_log import RedisLog
 
+    # As `rsnotify publish --ws-only` runs it: rsnotify.cli tunes the collector first.
+    rsnotify.runtime.tune_gc()
+    pauses = _GcPauses()
+    gc.callbacks.append(pauses)
     log = RedisLog(redis_url)
     gateway = ws_module.WebSocketGateway(log, max_per_address=0, max_clients=20_000)
     await gateway.start()
     print(json.dumps({"port": gateway.port, "module": ws_module.__file__}), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    stats = {"shared_frames": getattr(gateway, "shared_frames", None), "replayed": gateway.replayed}
+    stats = {"shared_frames": getattr(gateway, "shared_frames", None), "replayed": gateway.replayed,
+             "gc": pauses.runs}  # fmt: skip
     await gateway.stop()
     await log.close()
     print(json.dumps(stats), flush=True)
@@ -150,11 +202,11 @@ async def _paced(log: Any, collection: str, rate: float, seconds: float) -> int:
 
 def _merge(stats: list[dict[str, Any]]) -> dict[str, Any]:
     """One process's counts summed, latency histograms merged into percentiles."""
-    counts = ("connected", "notifications", "skipped", "breaks", "closed", "done")
+    counts = ("connected", "notifications", "skipped", "breaks", "closed", "unstamped", "done")
     out: dict[str, Any] = {k: sum(s[k] for s in stats) for k in counts}
     out["done_at"] = max((s["done_at"] for s in stats if s["done_at"]), default=None)
-    for name, key in (("latency_ms", "histogram"), ("to_gateway_ms", "to_gateway"),
-                      ("fan_out_ms", "fan_out")):  # fmt: skip
+    for name, key in (("latency_ms", "histogram"), ("read_ms", "read_histogram"),
+                      ("to_gateway_ms", "to_gateway"), ("fan_out_ms", "fan_out")):  # fmt: skip
         merged: dict[int, int] = {}
         for s in stats:
             for bucket, n in s[key].items():
@@ -186,7 +238,10 @@ async def run_variant(variant: str, tree: Path, redis_url: str, opts: argparse.N
         for _ in range(opts.processes):
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "bench.wsclients", str(ready["port"]),
-                collection, str(per), cwd=REPO_ROOT, limit=2**24,
+                collection, str(per), "--nice", str(opts.client_nice),
+                "--poll-ms", str(opts.client_poll_ms),
+                *(["--cpus", opts.client_cpus] if opts.client_cpus else []),
+                cwd=REPO_ROOT, limit=2**24,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             )  # fmt: skip
             children.append(_Process(proc))
@@ -218,23 +273,33 @@ async def run_variant(variant: str, tree: Path, redis_url: str, opts: argparse.N
         await _reset(children, await log.head(collection) + 1)
         rss_start = gw.memory_info().rss / 1e6
         cpu_start, rss = sum(gw.cpu_times()[:2]), [rss_start]
+        sys_start = gw.cpu_times().system
         clients = [psutil.Process(c.proc.pid) for c in children]
         clients_start = sum(sum(p.cpu_times()[:2]) for p in clients)
         sampler = asyncio.create_task(_sample_rss(gw, rss))
+        stalled, load_before = _cpu_stalled(), os.getloadavg()[0]
+        live_from = time.time()
         sent = await _paced(log, collection, opts.rate, opts.seconds)
+        live_to = time.time()
         cpu_live = sum(gw.cpu_times()[:2]) - cpu_start
+        sys_live = gw.cpu_times().system - sys_start
+        stalled = _cpu_stalled() - stalled
         cpu_clients = sum(sum(p.cpu_times()[:2]) for p in clients) - clients_start
         live = await _until_done(children, await log.head(collection), connected, 30.0)
         sampler.cancel()
         live.update(sent=sent, expected=sent * connected, rss_mb_start=rss_start,
                     rss_mb_peak=max(rss), rss_mb_end=rss[-1],
                     gateway_cpu_pct=100 * cpu_live / opts.seconds,
+                    gateway_sys_pct=100 * sys_live / opts.seconds,
+                    loadavg_1m_before=load_before, loadavg_1m_after=os.getloadavg()[0],
+                    cpu_pressure_pct=100 * stalled / opts.seconds if stalled >= 0 else None,
                     clients_cpu_pct=100 * cpu_clients / opts.seconds)  # fmt: skip
         print(f"  {variant}: live p99 {live['latency_ms']['p99']} ms", flush=True)
 
         gateway.stdin.write(b"quit\n")
         await gateway.stdin.drain()
         stats = json.loads(await asyncio.wait_for(gateway.stdout.readline(), 60))
+        live["gateway_gc"] = _gc_during(stats.pop("gc"), live_from, live_to)
         return {"variant": variant, "module": ready["module"], "clients": connected,
                 "open_s": max(o["seconds"] for o in opened), "live": live, "burst": burst,
                 "gateway": stats, "loadavg_after": list(os.getloadavg())}  # fmt: skip
@@ -262,6 +327,42 @@ async def _until_done(
         if stats["done"] >= clients or time.monotonic() > deadline:
             return stats
         await asyncio.sleep(0.1)
+
+
+async def _busy_cores(seconds: float) -> float:
+    """CPUs kept busy by everything on the machine over ``seconds`` (/proc/stat), -1: unknown.
+
+    Measured before any of the bench's processes work: what others sharing
+    the machine take from the two cores the gateway and its clients need.
+    """
+
+    def busy_and_total() -> tuple[int, int]:
+        with open("/proc/stat") as handle:
+            ticks = [int(x) for x in handle.readline().split()[1:]]
+        return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # less idle and iowait
+
+    try:
+        busy0, total0 = busy_and_total()
+        await asyncio.sleep(seconds)
+        busy1, total1 = busy_and_total()
+    except OSError:
+        return -1.0
+    return (os.cpu_count() or 1) * (busy1 - busy0) / max(1, total1 - total0)
+
+
+def _cpu_stalled() -> float:
+    """Seconds some runnable task waited for a CPU since boot (PSI, /proc/pressure/cpu); -1: none.
+
+    Over a phase, the share of wall time in which something on the machine --
+    the bench's processes or anyone else's -- was ready to run and had no
+    CPU: how contended the shared machine was while the figures were taken.
+    """
+    try:
+        with open("/proc/pressure/cpu") as handle:
+            some = handle.readline().split()
+    except OSError:
+        return -1e9
+    return int(some[-1].split("=")[1]) / 1e6
 
 
 async def _sample_rss(process: Any, into: list[float]) -> None:
@@ -297,10 +398,15 @@ async def _main_async(opts: argparse.Namespace, root: Path) -> list[dict[str, An
         trees = {"baseline": _baseline_tree(opts.baseline_rev, root / "baseline"),
                  "current": REPO_ROOT}  # fmt: skip
         results = []
+        busy = await _busy_cores(3.0)
+        print(f"before the run: {busy:.2f} of {os.cpu_count()} CPUs busy with other work",
+              flush=True)  # fmt: skip
         for variant in opts.variants.split(","):
             print(f"{variant}: {opts.clients:,} clients over {opts.processes} processes ...",
                   flush=True)  # fmt: skip
-            results.append(await run_variant(variant, trees[variant], redis.url, opts, collection))
+            result = await run_variant(variant, trees[variant], redis.url, opts, collection)
+            result["busy_cores_before"] = busy
+            results.append(result)
         return results
     finally:
         redis.stop()
@@ -339,6 +445,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, help="length of (a): 30 s (--quick: 10)")
     ap.add_argument("--burst", type=int, help="notifications in (b): 1,000 (--quick: 500)")
     ap.add_argument("--burst-timeout", type=float, default=180.0)
+    ap.add_argument(
+        "--client-nice",
+        type=int,
+        default=CLIENT_NICE,
+        help="niceness added to the client processes (they stand for other machines)",
+    )
+    ap.add_argument(
+        "--client-poll-ms",
+        type=float,
+        default=CLIENT_POLL_MS,
+        help="clients look at their sockets every N ms (0: sleep in epoll_wait)",
+    )
+    ap.add_argument("--client-cpus", help="pin the client processes to these CPUs, e.g. 1")
     ap.add_argument("--baseline-rev", default=BASELINE_REV)
     ap.add_argument("--variants", default="baseline,current")
     opts = ap.parse_args(argv)
@@ -355,20 +474,27 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([
             r["variant"], r["clients"], live["sent"], live["latency_ms"]["p50"],
             live["latency_ms"]["p99"], live["latency_ms"]["max"], live["to_gateway_ms"]["p99"],
-            live["fan_out_ms"]["p99"],
+            live["fan_out_ms"]["p99"], live["read_ms"]["p99"],
             live["expected"] - live["notifications"], live["skipped"], live["breaks"],
-            live["gateway_cpu_pct"], live["clients_cpu_pct"], live["rss_mb_start"],
+            "{:.0f} ({:.0f} sys)".format(live["gateway_cpu_pct"], live["gateway_sys_pct"]),
+            live["clients_cpu_pct"], live["rss_mb_start"],
             live["rss_mb_peak"],
             burst["frames_per_s"], burst["frames_per_cpu_s"], burst["skipped"],
             r["gateway"]["shared_frames"],
+            "{} / {:.1f}".format(sum(live["gateway_gc"]["runs"]),
+                                 max(live["gateway_gc"]["longest_cpu_ms"])),
+            "{:.1f} -> {:.1f}".format(live["loadavg_1m_before"], live["loadavg_1m_after"]),
+            live["cpu_pressure_pct"],
         ])  # fmt: skip
     print()
     print(format_table(
         ["variant", "clients", "sent", "p50 ms", "p99 ms", "max ms", "log p99", "fan-out p99",
+         "read p99",
          "lost", "skipped", "breaks", "gw CPU %", "clients CPU %", "RSS MB", "peak MB",
          "ceiling frames/s",
          "frames/CPU-s",
-         "burst skipped", "shared frames"],
+         "burst skipped", "shared frames", "live GCs / longest CPU ms", "load 1m (live)",
+         "CPU pressure %"],
         rows,
     ))  # fmt: skip
     print(f"\nload average before {machine['loadavg_1_5_15']}, after {list(os.getloadavg())}\n")

@@ -117,6 +117,18 @@ class _Run:
     items: list[bytes]
     joined: dict[int, bytes] = field(default_factory=dict)  # count -> bytes of that many frames
 
+    def fits(self, room: int) -> bool:
+        """Whether all the frames fit ``room`` (and there is at least one)."""
+        return bool(self.items) and self.ends[-1] <= room
+
+    def first(self, count: int) -> bytes:
+        """The first ``count`` frames as one bytes object, joined once for every client."""
+        data = self.joined.get(count)
+        if data is None:
+            data = self.items[0] if count == 1 else b"".join(self.items[:count])
+            self.joined[count] = data
+        return data
+
 
 class Feed(LogTail[FeedItem, Stream]):
     """The live feed of one collection (:class:`~.tail.LogTail`) that writes shared frames itself.
@@ -151,16 +163,24 @@ class Feed(LogTail[FeedItem, Stream]):
         return max((s.cursor.position for s in self.readers), default=None)
 
     def wake_readers(self) -> None:
-        """Write the new frames to every client that can take them; wake the others."""
+        """Write the new frames to every client that can take them; wake the others.
+
+        The hot loop: 2,000 clients at 100 records/s are 200,000 passes a
+        second, so it reads each attribute once and tests the common case
+        (a shared stream in step, room in its buffer) before anything else.
+        """
         runs: dict[int, _Run] = {}  # clients at the same place share their bytes
+        window_start, position = self.window_start, self.position
         furthest = 0
         for stream in self.readers:
-            if stream.cursor.position >= self.position:
+            cursor = stream.cursor
+            if cursor.position >= position:
                 continue
-            if stream.client.running and self._write(stream, runs):
-                furthest = max(furthest, stream.cursor.position)
-            if stream.cursor.position < self.position:
-                stream.client.wake.set()
+            client = stream.client
+            if client.running and stream.shared and self._write(stream, runs, window_start):
+                furthest = max(furthest, cursor.position)
+            if cursor.position < position:
+                client.wake.set()
         if furthest:
             self.sent(furthest)
 
@@ -171,28 +191,39 @@ class Feed(LogTail[FeedItem, Stream]):
         is awaited: the cursor moves with each write, so the writer and this
         feed's pass can both write for one stream without reordering.
         """
-        if not self._write(stream, {}):
+        if not self._write(stream, {}, self.window_start):
             return False
         self.sent(stream.cursor.position)
         return True
 
-    def _write(self, stream: Stream, runs: dict[int, _Run]) -> bool:
-        cursor, ws = stream.cursor, stream.client.ws
+    def _write(self, stream: Stream, runs: dict[int, _Run], window_start: int) -> bool:
+        ws = stream.client.ws
         if not stream.shared or ws.protocol.state is not State.OPEN:
             return False
-        transport = ws.transport
+        cursor, transport, position = stream.cursor, ws.transport, self.position
         wrote = False
-        while cursor.plan(self.window_start, self.position) == wsproto.FROM_RING:
+        # cursor.plan(...) == FROM_RING, spelled out: this runs once per client and record.
+        while window_start <= cursor.position + 1 <= position:
+            cursor.live = True
             room = self.write_limit - transport.get_write_buffer_size()
             if room <= 0 or transport.is_closing():
                 break
-            chunk = self._chunk(cursor.position + 1, room, runs)
-            if chunk is None:  # unrenderable: the writer sends it as skipped
-                break
-            last, data = chunk
+            first = cursor.position + 1
+            run = runs.get(first)
+            if run is None:
+                run = runs[first] = self._run(first)
+            if run.fits(room):  # the common case: everything new fits
+                last, data = first + len(run.items) - 1, run.first(len(run.items))
+            else:
+                chunk = self._chunk(first, room, run)
+                if chunk is None:  # unrenderable: the writer sends it as skipped
+                    break
+                last, data = chunk
             transport.write(data)
             self.shared_frames += last - cursor.position
-            cursor.send_shared(last)
+            # cursor.send_shared(last), without its checks: a shared stream's
+            # filter keeps everything, and last > position by construction.
+            cursor.position = cursor.prev = last
             wrote = True
         return wrote
 
@@ -205,19 +236,12 @@ class Feed(LogTail[FeedItem, Stream]):
             self._on_sent(self.item(announced))
         self.announced = max(self.announced, seq)
 
-    def _chunk(self, first: int, room: int, runs: dict[int, _Run]) -> tuple[int, bytes] | None:
+    def _chunk(self, first: int, room: int, run: _Run) -> tuple[int, bytes] | None:
         """The last seq and bytes of the frames from ``first`` that fit ``room`` (at least one)."""
-        run = runs.get(first)
-        if run is None:
-            run = runs[first] = self._run(first)
         if not run.items:
             return None
         count = max(1, bisect_right(run.ends, room))
-        data = run.joined.get(count)
-        if data is None:
-            data = run.items[0] if count == 1 else b"".join(run.items[:count])
-            run.joined[count] = data
-        return first + count - 1, data
+        return first + count - 1, run.first(count)
 
     def _run(self, first: int) -> _Run:
         """Frames from ``first`` on: as many as any buffer has room for, none unrenderable."""
