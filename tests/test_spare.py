@@ -261,7 +261,7 @@ def test_no_swap_possible_hands_the_slot_back(
     [("subscribe", ["http://source.example/", "--into", "m"]), ("simulate", [])],
 )
 def test_spare_inodes_are_opt_in(command: str, argv: list[str]) -> None:
-    """Off by default (they pay only on ext4 without a journal); --spare-inodes turns them on."""
+    """Off by default (opt-in where measured to pay); --spare-inodes turns them on."""
     from rsnotify import cli
 
     assert cli.parse_command(command, argv, environ={})[1].spare_inodes is False

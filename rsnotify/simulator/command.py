@@ -56,7 +56,7 @@ SERVING = Group(
         toggle=True,
         default=False,
         help="--dir replaces files by swapping in inodes earlier replaces retired, kept in "
-        "DIR/.rsnotify-spare; pays only on ext4 without a journal (default: off)",
+        "DIR/.rsnotify-spare; saves most on ext4 without a journal (default: off)",
     ),
 )
 SOURCE = Group(
