@@ -7,9 +7,10 @@ read together.  Used by the mirror's ``--spare-inodes`` strategy
 writer, so it lives beside both rather than inside either.)
 
 Off by default: its CPU saving is on ext4 without a journal (below; at
-1,000 changes/s it also kept a Destination's lag bounded on a journaled ext4,
-bench/README.md), and files it replaces inherit the pool directory's SELinux label, default ACL and
-setgid group instead of their own directory's.
+1,000 changes/s it also made a Destination less sensitive to other load on a
+journaled ext4, bench/README.md), and files it replaces inherit the pool
+directory's SELinux label, default ACL and setgid group instead of their own
+directory's.
 
 Why this exists: an atomic replace (write a temp file, rename it over the
 target) frees the target's old inode and allocates a new one each time.  On

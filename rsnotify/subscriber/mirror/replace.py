@@ -11,8 +11,8 @@ replace or delete retired instead of a new temp file and swaps it into place
 (:mod:`rsnotify.spare`): the same atomicity without an inode allocation per
 change.  Its CPU saving is on ext4 *without a journal*, where allocating an
 inode freed in the last minutes is most of a small write's CPU; with a
-journal (ext4's default) it saves no CPU, though at 1,000 changes/s it kept
-the lag bounded where renames fell behind (bench/README.md).  Files then carry the spare
+journal (ext4's default) it saves no CPU, though at 1,000 changes/s renames
+fell behind on a busy machine where spares kept up (bench/README.md).  Files then carry the spare
 directory's inherited attributes (SELinux label, default ACL, setgid group)
 rather than their own directory's.
 """
