@@ -161,6 +161,25 @@ def _from_us(value: int) -> datetime:
     return _EPOCH + timedelta(microseconds=value)
 
 
+# The columns a ResourceState is read from, in the order _state_of takes them.
+_STATE_COLUMNS = "loc, change, datetime_us, seq, sha256, length, applied_us, confirmed"
+
+
+def _state_of(row: tuple[Any, ...]) -> ResourceState:
+    """A row of :data:`_STATE_COLUMNS` as a state."""
+    loc, change, when, seq, sha256, length, applied, confirmed = row
+    return ResourceState(
+        loc=loc,
+        change=ChangeType(change),
+        datetime=_from_us(when),
+        seq=seq,
+        sha256=sha256,
+        length=length,
+        applied_at=_from_us(applied),
+        confirmed=bool(confirmed),
+    )
+
+
 def _migrate(db: sqlite3.Connection) -> None:
     """Bring a store written by an older rsnotify up to this schema (idempotent).
 
@@ -216,21 +235,11 @@ class ResourceStore:
         for start in range(0, len(locs), _READ_CHUNK):
             chunk = locs[start : start + _READ_CHUNK]
             marks = ",".join("?" * len(chunk))
-            for loc, change, when, seq, sha256, length, applied, confirmed in self._sql.db.execute(
-                "SELECT loc, change, datetime_us, seq, sha256, length, applied_us, confirmed "
-                f"FROM resources WHERE loc IN ({marks})",
-                chunk,
+            for row in self._sql.db.execute(
+                f"SELECT {_STATE_COLUMNS} FROM resources WHERE loc IN ({marks})", chunk
             ):
-                found[loc] = ResourceState(
-                    loc=loc,
-                    change=ChangeType(change),
-                    datetime=_from_us(when),
-                    seq=seq,
-                    sha256=sha256,
-                    length=length,
-                    applied_at=_from_us(applied),
-                    confirmed=bool(confirmed),
-                )
+                state = _state_of(row)
+                found[state.loc] = state
         return found
 
     def _record_many(self, batch: list[tuple[tuple[Any, ...], int]]) -> list[bool]:
@@ -421,22 +430,8 @@ class ResourceStore:
         db = self._sql.db
         if int(db.execute("SELECT COUNT(*) FROM resources").fetchone()[0]) > limit:
             return None
-        return {
-            loc: ResourceState(
-                loc=loc,
-                change=ChangeType(change),
-                datetime=_from_us(when),
-                seq=seq,
-                sha256=sha256,
-                length=length,
-                applied_at=_from_us(applied),
-                confirmed=bool(confirmed),
-            )
-            for loc, change, when, seq, sha256, length, applied, confirmed in db.execute(
-                "SELECT loc, change, datetime_us, seq, sha256, length, applied_us, confirmed "
-                "FROM resources"
-            )
-        }
+        states = (_state_of(row) for row in db.execute(f"SELECT {_STATE_COLUMNS} FROM resources"))
+        return {state.loc: state for state in states}
 
     async def preload(self) -> bool:
         """Read every state into the cache if they fill at most half of it; True if so.
