@@ -17,6 +17,9 @@ import threading
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -24,10 +27,11 @@ import websockets
 from paho.mqtt.enums import CallbackAPIVersion
 
 from rsnotify import sitemap, w3cdt
-from tests.devstack import Mosquitto
+from tests.devstack import ManagedProcess, Mosquitto, wait_for
 
 __all__ = [
     "MqttSeqRecorder",
+    "PushStack",
     "SeqRecord",
     "WsSeqRecorder",
     "change_list",
@@ -35,6 +39,7 @@ __all__ = [
     "identity",
     "made",
     "post",
+    "start_push_stack",
 ]
 
 
@@ -61,6 +66,65 @@ def change_list(base: str, name: str = "c1") -> list[tuple[str, str, str]]:
         for ref in index.entries
         for e in sitemap.parse(get(ref.loc))
     ]
+
+
+@dataclass
+class PushStack:
+    """What :func:`start_push_stack` started: both pushers and the two mirrors."""
+
+    publisher: ManagedProcess  # MQTT
+    gateway: ManagedProcess  # --ws-only
+    mirrors: dict[str, Path]  # "mqtt" / "ws" -> mirror directory
+    subscribers: dict[str, ManagedProcess]
+
+
+def start_push_stack(
+    run: Callable[..., ManagedProcess],
+    base: str,
+    redis_url: str,
+    mosquitto: Mosquitto,
+    ws_port: int,
+    tmp_path: Path,
+    *,
+    collections: int,
+    report: bool = False,
+) -> PushStack:
+    """A publisher (MQTT) and a ``--ws-only`` gateway on ``redis_url``, and two
+    ``rsnotify subscribe`` mirrors (one per transport) keeping their cursors
+    there too (``report``: their telemetry as well), each live on all
+    ``collections`` before this returns.  ``run(*args, name=...)`` starts a
+    process and owns it.
+    """
+    publisher = run(
+        "publish", base, "--redis", redis_url, "--mqtt", mosquitto.url,
+        "--poll", "0.05", "--from-beginning", "--log-format", "text",
+        name="publish",
+    )  # fmt: skip
+    publisher.wait_for_line(r"rsnotify publish: running", timeout=30)
+    gateway = run(
+        "publish", base, "--ws-only", "--redis", redis_url,
+        "--ws", f"127.0.0.1:{ws_port}", "--log-format", "text",
+        name="gateway",
+    )  # fmt: skip
+    gateway.wait_for_line(r"rsnotify publish: running", timeout=30)
+    mirrors = {"mqtt": tmp_path / "mirror-mqtt", "ws": tmp_path / "mirror-ws"}
+    vias = {"mqtt": mosquitto.url, "ws": f"ws://127.0.0.1:{ws_port}"}
+    telemetry = ("--report", redis_url) if report else ()
+    subscribers: dict[str, ManagedProcess] = {}
+    for name, mirror in mirrors.items():
+        subscribers[name] = run(
+            "subscribe", base, "--into", str(mirror), "--via", vias[name],
+            "--name", f"sub-{name}", "--log-format", "text",
+            "--redis", redis_url, *telemetry,
+            name=f"subscribe-{name}",
+        )  # fmt: skip
+    for process in subscribers.values():
+        wait_for(
+            lambda p=process: p.output("stdout").count(": live\n") >= collections,
+            timeout=60,
+            message=lambda p=process: f"{p.name} did not go live\n{p.tail()}",
+        )
+    return PushStack(publisher, gateway, mirrors, subscribers)
 
 
 def identity(notification: dict[str, Any]) -> str:

@@ -42,7 +42,15 @@ from tests.devstack import (
     free_port,
     wait_for,
 )
-from tests.failover import MqttSeqRecorder, WsSeqRecorder, change_list, identity, made, post
+from tests.failover import (
+    MqttSeqRecorder,
+    WsSeqRecorder,
+    change_list,
+    identity,
+    made,
+    post,
+    start_push_stack,
+)
 from tests.helpers import freeze_and_converge
 
 
@@ -301,35 +309,12 @@ def test_cluster_failover_under_load_never_gives_a_pushed_seq_another_entry(
         )  # fmt: skip
         base = sim.wait_for_line(r"serving (http://\S+)").group(1)
         assert base == f"http://127.0.0.1:{port}/"
-        publisher = run(
-            "publish", base, "--redis", cluster.url, "--mqtt", mosquitto.url,
-            "--poll", "0.05", "--from-beginning", "--log-format", "text",
-            name="publish",
+        stack = start_push_stack(
+            run, base, cluster.url, mosquitto, ws_port, tmp_path,
+            collections=COLLECTIONS, report=True,  # cursors and telemetry on the cluster too
         )  # fmt: skip
-        publisher.wait_for_line(r"rsnotify publish: running", timeout=30)
-        gateway = run(
-            "publish", base, "--ws-only", "--redis", cluster.url,
-            "--ws", f"127.0.0.1:{ws_port}", "--log-format", "text",
-            name="gateway",
-        )  # fmt: skip
-        gateway.wait_for_line(r"rsnotify publish: running", timeout=30)
-        mirrors = {"mqtt": tmp_path / "mirror-mqtt", "ws": tmp_path / "mirror-ws"}
-        vias = {"mqtt": mosquitto.url, "ws": f"ws://127.0.0.1:{ws_port}"}
-        subscribers: dict[str, ManagedProcess] = {}
-        for name, mirror in mirrors.items():
-            subscribers[name] = run(
-                "subscribe", base, "--into", str(mirror), "--via", vias[name],
-                "--name", f"sub-{name}", "--log-format", "text",
-                # Their cursors and telemetry on the cluster too.
-                "--redis", cluster.url, "--report", cluster.url,
-                name=f"subscribe-{name}",
-            )  # fmt: skip
-        for process in subscribers.values():
-            wait_for(
-                lambda p=process: p.output("stdout").count(": live\n") >= COLLECTIONS,
-                timeout=60,
-                message=lambda p=process: f"{p.name} did not go live\n{p.tail()}",
-            )
+        publisher, gateway = stack.publisher, stack.gateway
+        mirrors, subscribers = stack.mirrors, stack.subscribers
         mqtt_witness = MqttSeqRecorder(
             mosquitto, [Topics().changes(cid) for cid in ids], "cluster-test-sub"
         )

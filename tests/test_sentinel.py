@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,7 +41,15 @@ from tests.devstack import (
     free_port,
     wait_for,
 )
-from tests.failover import MqttSeqRecorder, WsSeqRecorder, change_list, identity, made, post
+from tests.failover import (
+    MqttSeqRecorder,
+    WsSeqRecorder,
+    change_list,
+    identity,
+    made,
+    post,
+    start_push_stack,
+)
 from tests.helpers import freeze_and_converge
 
 
@@ -186,29 +193,9 @@ def run_failovers(
         )  # fmt: skip
         base = sim.wait_for_line(r"serving (http://\S+)").group(1)
         cid = collection_id(f"{base}c1/capabilitylist.xml")
-        publisher = run(
-            "publish", base, "--redis", group.url, "--mqtt", mosquitto.url,
-            "--poll", "0.05", "--from-beginning", "--log-format", "text",
-            name="publish",
-        )  # fmt: skip
-        publisher.wait_for_line(r"rsnotify publish: running", timeout=30)
-        gateway = run(
-            "publish", base, "--ws-only", "--redis", group.url,
-            "--ws", f"127.0.0.1:{ws_port}", "--log-format", "text",
-            name="gateway",
-        )  # fmt: skip
-        gateway.wait_for_line(r"rsnotify publish: running", timeout=30)
-        mirrors = {"mqtt": tmp_path / "mirror-mqtt", "ws": tmp_path / "mirror-ws"}
-        vias = {"mqtt": mosquitto.url, "ws": f"ws://127.0.0.1:{ws_port}"}
-        subscribers: dict[str, ManagedProcess] = {}
-        for name, mirror in mirrors.items():
-            subscribers[name] = run(
-                "subscribe", base, "--into", str(mirror), "--via", vias[name],
-                "--name", f"sub-{name}", "--redis", group.url, "--log-format", "text",
-                name=f"subscribe-{name}",
-            )  # fmt: skip
-        for process in subscribers.values():
-            process.wait_for_line(rf"{re.escape(cid)}: live", timeout=60)
+        stack = start_push_stack(run, base, group.url, mosquitto, ws_port, tmp_path, collections=1)
+        publisher, gateway = stack.publisher, stack.gateway
+        mirrors, subscribers = stack.mirrors, stack.subscribers
         mqtt_witness = MqttSeqRecorder(mosquitto, [Topics().changes(cid)], "sentinel-test-sub")
         witnesses += [mqtt_witness, WsSeqRecorder(f"ws://127.0.0.1:{ws_port}/", [cid])]
         post(f"{base}_simulator/resume")
