@@ -677,6 +677,17 @@ async def test_metadata_only_groups_agree_with_single_submissions(
     await assert_never_backwards(env.store)
 
 
+async def test_metadata_only_groups_record_their_collection(env: Env) -> None:
+    """A walk's recorded rows name their collection, so a re-baseline of that collection
+    finds them (``held``) even where the subscriber follows several."""
+    applier = env.applier(metadata_only=True)
+    changes = [env.note(f"/c/{i}", "created", at(i + 1)) for i in range(8)]
+    await applier.submit_many(applier.read_many(changes, collection="col-a"), changes)
+    await applier.drain()
+    assert sorted(await env.store.held("col-a", before=at(100))) == sorted(c.loc for c in changes)
+    assert await env.store.held("col-b", before=at(100)) == []
+
+
 async def test_metadata_only_groups_fail_with_an_unusable_store(env: Env) -> None:
     """A local failure reaches every group queued, none is answered as recorded."""
     applier = env.applier(metadata_only=True)

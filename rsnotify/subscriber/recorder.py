@@ -207,6 +207,7 @@ class BatchRecorder:
                 detail=refusal.detail if refusal is not None else None,
                 confirmed=view.confirmed,
                 applied_at=now,
+                collection=view.collection,  # a re-baseline of it must find the row (held)
             )
             rows.append((row, update))
             plan.append((outcome, refusal))
