@@ -1,5 +1,11 @@
 """End to end: change-to-applied latency against a polling anchor, and catch-up time.
 
+(Why one module of ~1,500 lines: it is one experiment -- the scenarios, the
+ground truth they are judged by, the targets and the table -- and reads as
+its method, top to bottom; what other benches share lives in
+``bench/_common.py`` and ``bench/loopfs.py``, the processes in
+``tests/devstack``.)
+
 **Latency.**  One Source per rate (50, 200 and 1,000 changes/s), measured in
 three phases on that same Source, one after the other so none competes with
 another for the machine's two cores:

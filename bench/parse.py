@@ -1,5 +1,8 @@
 """Parse speed and memory: rsnotify against resync and against a bare lxml loop.
 
+(Why one module of ~700 lines: the inputs, the three contenders and their
+child-process runner belong to one comparison and are read together.)
+
 Two inputs, both written by rsnotify's own serializer:
 
 * a 50,000-entry Change List (the Sitemap maximum for one document);

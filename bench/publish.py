@@ -1,5 +1,10 @@
 """Publisher throughput and latency: rsnotify against a bare paho-mqtt loop, and at 200/s.
 
+(Why one module of ~1,900 lines: each scenario carries its own baseline
+contender -- a bare paho-mqtt loop, a bare watcher -- written beside it so a
+reader checks the comparison is fair in one place; shared measurement code
+lives in ``bench/_common.py``.)
+
 Both scenarios run against a private Mosquitto and Redis (``tests.devstack``)
 on free loopback ports, and read a Source directory laid out exactly as
 ``rsnotify simulate --dir`` writes it (the simulator's own ``Site`` and
