@@ -35,6 +35,7 @@ __all__ = [
     "SeqRecord",
     "WsSeqRecorder",
     "change_list",
+    "check_log_and_witnesses",
     "get",
     "identity",
     "made",
@@ -125,6 +126,31 @@ def start_push_stack(
             message=lambda p=process: f"{p.name} did not go live\n{p.tail()}",
         )
     return PushStack(publisher, gateway, mirrors, subscribers)
+
+
+def check_log_and_witnesses(
+    collection: str,
+    logged: list[dict[str, Any]],
+    entries: list[tuple[str, str, str]],
+    witnesses: list[SeqRecord],
+) -> None:
+    """The no-reuse verdict of issue 19 for one collection.
+
+    The log (``logged``, its envelopes in order) holds seqs 1..n, dense, equal
+    to the Change Lists' ``entries`` one for one; every witness received every
+    seq, each meaning the log's entry of that seq, and saw no seq change
+    meaning.
+    """
+    dense = list(range(1, len(entries) + 1))
+    assert [n["seq"] for n in logged] == dense, f"{collection}: seqs dense, unique"
+    assert [(n["loc"], n["datetime"], n["change"]) for n in logged] == entries, collection
+    for witness in witnesses:
+        name = type(witness).__name__
+        assert witness.reused == [], f"{name}: a seq changed meaning"
+        received = witness.seqs[collection]
+        assert sorted(received) == dense, (name, collection)
+        for seq, meaning in received.items():
+            assert meaning == identity(logged[seq - 1]), (name, collection, seq)
 
 
 def identity(notification: dict[str, Any]) -> str:
