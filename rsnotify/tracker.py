@@ -183,6 +183,36 @@ class Known:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotPosition:
+    """Where a collection without Change Lists stands (:mod:`rsnotify.changes.snapshot`).
+
+    ``state`` is the last Resource List snapshot read (its JSON text, owned
+    by that module).  While the differences between two snapshots are being
+    logged or applied, ``base`` is the snapshot they start from and ``done``
+    how many of them (in their fixed order) are behind this position, so a
+    restart resumes the same differences exactly after the last one consumed.
+    The texts are shared by every position of one diff, never copied.
+    """
+
+    state: str
+    base: str | None = None
+    done: int = 0
+
+    def to_obj(self) -> dict[str, object]:
+        obj: dict[str, object] = {"state": self.state}
+        if self.base is not None:
+            obj["base"], obj["done"] = self.base, self.done
+        return obj
+
+    @classmethod
+    def from_obj(cls, obj: Mapping[str, object]) -> SnapshotPosition:
+        state, base, done = obj.get("state"), obj.get("base"), obj.get("done", 0)
+        if not isinstance(state, str) or not (base is None or isinstance(base, str)):
+            raise ValueError("a snapshot position needs its state as text")
+        return cls(state, base, int(done) if isinstance(done, int) else 0)
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     """Where detection stands for one collection.
 
@@ -203,13 +233,16 @@ class Checkpoint:
     last_modified: str | None = None
     started: bool = False  # False: first run, nothing decided yet
     known: Known | None = None  # unordered reading: the identities consumed
+    # A collection without Change Lists: where its Resource List snapshots stand
+    # (rsnotify.changes.snapshot); None for a collection read from Change Lists.
+    snapshot: SnapshotPosition | None = None
 
     @property
     def unordered(self) -> bool:
         return self.known is not None
 
     def to_json(self) -> str:
-        obj = {
+        obj: dict[str, object] = {
             "v": 1,
             "changelist": self.changelist,
             "last_time": w3cdt.format(self.last_time) if self.last_time else None,
@@ -221,6 +254,8 @@ class Checkpoint:
         }
         if self.known is not None:  # absent for in-order reading: the format of old
             obj["known"] = self.known.to_text()
+        if self.snapshot is not None:  # absent for Change Lists: the format of old
+            obj["snapshot"] = self.snapshot.to_obj()
         return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -237,6 +272,7 @@ class Checkpoint:
             last_modified=obj.get("last_modified"),
             started=bool(obj.get("started", True)),
             known=Known.from_text(obj["known"]) if obj.get("known") is not None else None,
+            snapshot=SnapshotPosition.from_obj(obj["snapshot"]) if obj.get("snapshot") else None,
         )
 
     def ordered(self) -> Checkpoint:
@@ -416,13 +452,36 @@ def index_refs(entries: Iterable[Entry]) -> list[ListRef]:
     return [ListRef(url=e.loc, from_=e.from_, until=e.until) for e in entries]
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshots:
+    """The two Resource List snapshots a derived change was found between.
+
+    A Source without Change Lists tells what changed only by publishing a
+    new Resource List: rsnotify diffs successive snapshots
+    (:mod:`rsnotify.changes.snapshot`), and every change found that way says
+    so, with both snapshots' ``at`` (Z39.99 section 7: a Resource List's
+    ``at`` is the time its resource states reflect), so a Destination can
+    tell it from a Change List entry.  ``until`` is the newer one.
+    """
+
+    resourcelist: str  # the Resource List, or Resource List Index, read
+    from_: datetime | None
+    until: datetime
+
+
 @dataclass(slots=True)
 class Detection:
-    """New entries found in one list, with the checkpoint after each of them."""
+    """New entries found in one list, with the checkpoint after each of them.
+
+    ``derived``: the entries were not read from a Change List but found by
+    comparing two Resource List snapshots (``changelist`` is then the
+    Resource List's URL).
+    """
 
     changelist: str
     entries: list[Entry] = field(default_factory=list)
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    derived: Snapshots | None = None
 
     def __len__(self) -> int:
         return len(self.entries)

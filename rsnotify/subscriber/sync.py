@@ -170,6 +170,7 @@ def same_position(a: Checkpoint, b: Checkpoint) -> bool:
         and a.position == b.position
         and a.started == b.started
         and (a.known is b.known or a.known == b.known)
+        and a.snapshot == b.snapshot
     )
 
 

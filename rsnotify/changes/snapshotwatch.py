@@ -1,0 +1,427 @@
+"""Detection for a collection without Change Lists: successive Resource List snapshots.
+
+:class:`SnapshotWatcher` answers what :class:`~.watcher.CollectionWatcher`
+answers (the new changes after a checkpoint, with the checkpoint after each),
+for a Capability List that offers a Resource List (or Resource List Index)
+and no Change List.  The publisher logs and pushes what it finds as
+notifications marked *derived* (:class:`~rsnotify.tracker.Snapshots`); a
+Destination applies them like Change List entries.  The rules are
+:mod:`.snapshot`'s; this module reads the documents and keeps the maps.
+
+What a poll costs
+    One conditional GET of the Resource List, or of the index and of each
+    of its parts.  A part answering ``304``, or whose bytes hash as before
+    (a server without validators), is not parsed: a Source of a million
+    resources in 20 parts that changed one part costs one parse of 50,000
+    entries and two maps of that part in memory.
+
+Where the maps live
+    In a :class:`BlobStore`, by content (:func:`.snapshot.map_key`), written
+    before any checkpoint names them; the checkpoint holds only the
+    snapshot's ``at``, validators and map keys.  A map the store lost (a
+    wiped state directory) is a :class:`~rsnotify.errors.CoverageHole`: a
+    Destination re-baselines, a publisher records the current snapshot and
+    says what it could not compare.
+
+First read
+    Without a snapshot in the checkpoint there is nothing to compare with.
+    A publisher records the snapshot and publishes from the next change
+    (as it starts at the end of a Change List).  A Destination has just
+    taken its baseline from the Resource List (or a Resource Dump): when
+    the list's ``at`` is the baseline's, nothing happened in between and
+    the snapshot is recorded; otherwise it re-baselines once
+    (``CoverageHole``), then records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import re
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+from .. import sitemap, w3cdt
+from ..durable import write_file
+from ..errors import CoverageHole, InvalidDocument
+from ..model import Capability, Entry
+from ..tracker import Checkpoint, Detection, SnapshotPosition, Snapshots
+from .access import DocumentAccess, Fetched
+from .snapshot import (
+    Diff,
+    PartState,
+    SnapshotState,
+    compare_part,
+    decode_map,
+    encode_map,
+    map_key,
+    settle,
+)
+from .watcher import PollResult
+
+log = logging.getLogger("rsnotify.snapshot")
+
+__all__ = ["BlobStore", "DirectoryBlobs", "SnapshotWatcher"]
+
+_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+class BlobStore(Protocol):
+    """Where snapshot maps are kept, by content key."""
+
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def put(self, key: str, data: bytes) -> None: ...
+
+    async def keep(self, keys: set[str]) -> None:
+        """Drop every map but these."""
+
+
+class DirectoryBlobs:
+    """Snapshot maps as files in one directory, each written atomically and durably."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def _path(self, key: str) -> Path:
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"not a snapshot map key: {key!r:.80}")
+        return self.root / key
+
+    async def get(self, key: str) -> bytes | None:
+        try:
+            return await asyncio.to_thread(self._path(key).read_bytes)
+        except FileNotFoundError:
+            return None
+
+    async def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+
+        def write() -> None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if not path.exists():  # content-addressed: the same key is the same bytes
+                write_file(path, data)
+
+        await asyncio.to_thread(write)
+
+    async def keep(self, keys: set[str]) -> None:
+        def sweep() -> None:
+            try:
+                names = os.listdir(self.root)
+            except FileNotFoundError:
+                return
+            for name in names:
+                if _KEY.fullmatch(name) and name not in keys:
+                    (self.root / name).unlink(missing_ok=True)
+
+        await asyncio.to_thread(sweep)
+
+
+@dataclass(slots=True)
+class _Read:
+    """One snapshot read and compared with the one before."""
+
+    state: SnapshotState
+    changes: list[Entry]
+
+
+class SnapshotWatcher:
+    """Finds what changed in one collection's Resource List since its checkpoint."""
+
+    unordered = False  # the interface of CollectionWatcher: a snapshot has no order to relax
+
+    def __init__(
+        self,
+        *,
+        access: DocumentAccess,
+        collection: str,
+        capability_list: str,
+        resourcelist_url: str,
+        checkpoint: Checkpoint,
+        blobs: BlobStore,
+        limits: sitemap.Limits = sitemap.DEFAULT_LIMITS,
+        stop_at_holes: bool = False,
+    ) -> None:
+        self.access = access
+        self.collection = collection
+        self.capability_list = capability_list
+        self.changelist_url = resourcelist_url  # what detections name as their list
+        self.resourcelist_url = resourcelist_url
+        self.blobs = blobs
+        self.limits = limits
+        self.stop_at_holes = stop_at_holes
+        self.holes = 0
+        self.unordered_lists: set[str] = set()
+        self.checkpoint = checkpoint
+        self._state: SnapshotState | None = None  # latest read, validators included
+        self._queue: deque[tuple[Entry, Checkpoint]] = deque()
+        self._derived: Snapshots | None = None
+        self._kept: set[str] = set()  # map keys of the snapshot committed before
+        self._rebaselined = False  # a Destination re-baselines once before recording
+        self.reset(checkpoint)
+
+    # -- the CollectionWatcher interface ----------------------------------------------
+
+    @property
+    def list_urls(self) -> list[str]:
+        state = self._state
+        parts = [url for url in state.parts if url != self.resourcelist_url] if state else []
+        return [self.resourcelist_url, *parts]
+
+    @property
+    def coverage_start(self) -> datetime | None:
+        return None
+
+    def hole_at(self, checkpoint: Checkpoint) -> str | None:
+        return None
+
+    def commit(self, checkpoint: Checkpoint) -> None:
+        """The caller logged (or applied) everything up to ``checkpoint``."""
+        old = self.checkpoint.snapshot
+        if old is not None:
+            self._kept = _keys(old)
+        self.checkpoint = checkpoint
+        if checkpoint.snapshot is not None:
+            self._rebaselined = False
+
+    def reset(self, checkpoint: Checkpoint) -> None:
+        """Forget what was read and not committed; go on from ``checkpoint``."""
+        self.checkpoint = checkpoint
+        self._queue.clear()
+        position = checkpoint.snapshot
+        self._state = SnapshotState.from_json(position.state) if position is not None else None
+
+    async def poll(self, limit: int | None = None, *, lists: int | None = None) -> PollResult:
+        """The changes after the checkpoint, ``limit`` at a time (``more`` when some wait)."""
+        if not self._queue:
+            await self.blobs.keep(self._referenced())
+            read = await self._read()
+            if read is None:
+                return PollResult(checkpoint=self.checkpoint)
+            if not read.changes:  # only validators or part layout moved: record the snapshot
+                self._state = read.state
+                recorded = _at(read.state, SnapshotPosition(read.state.to_json()))
+                return PollResult(checkpoint=recorded)
+            self._enqueue(read)
+        return self._hand_out(limit)
+
+    # -- internals ------------------------------------------------------------------
+
+    def _referenced(self) -> set[str]:
+        keys = set(self._kept)
+        if self.checkpoint.snapshot is not None:
+            keys |= _keys(self.checkpoint.snapshot)
+        if self._state is not None:
+            keys |= self._state.keys
+        return keys
+
+    def _enqueue(self, read: _Read) -> None:
+        position = self.checkpoint.snapshot
+        assert position is not None
+        base = position.base if position.base is not None else position.state
+        since = SnapshotState.from_json(base).at
+        text = read.state.to_json()
+        changes = read.changes
+        skip = position.done if position.base is not None else 0
+        pending = SnapshotState.from_json(position.state) if skip else None
+        same = pending is not None and _content(read.state) == _content(pending)
+        if skip and (not same or skip > len(changes)):
+            # The Source changed again while a diff was half consumed: the part
+            # consumed before the restart may come again (a repeat is a no-op).
+            log.warning(
+                "%s: the Resource List changed while its previous changes were being "
+                "consumed; up to %d change(s) may be delivered twice",
+                self.collection,
+                skip,
+                extra={"collection": self.collection},
+            )
+            skip = 0
+        last = len(changes) - 1
+        for i in range(skip, len(changes)):
+            done = SnapshotPosition(text) if i == last else SnapshotPosition(text, base, i + 1)
+            self._queue.append((changes[i], _at(read.state, done)))
+        self._state = read.state
+        self._derived = Snapshots(self.resourcelist_url, since, read.state.at)
+
+    def _hand_out(self, limit: int | None) -> PollResult:
+        taken = len(self._queue) if limit is None else min(limit, len(self._queue))
+        found = Detection(changelist=self.resourcelist_url, derived=self._derived)
+        for _ in range(taken):
+            entry, checkpoint = self._queue.popleft()
+            found.entries.append(entry)
+            found.checkpoints.append(checkpoint)
+        end = found.checkpoints[-1] if found.checkpoints else self.checkpoint
+        return PollResult(
+            detections=[found] if found.entries else [], checkpoint=end, more=bool(self._queue)
+        )
+
+    async def _read(self) -> _Read | None:
+        """Read the snapshot, compare the parts that changed; None: nothing to do."""
+        position = self.checkpoint.snapshot
+        if position is None:
+            return await self._first_read()
+        if position.base is not None:
+            # A half-consumed diff is computed again from its base, then skipped into.
+            base = SnapshotState.from_json(position.base)
+            return await self._compare(base, validators=base)
+        assert self._state is not None  # reset() read it from the checkpoint
+        return await self._compare(self._state, validators=self._state)
+
+    async def _first_read(self) -> _Read | None:
+        state = await self._record()
+        baseline_at = self.checkpoint.last_time
+        if self.stop_at_holes and not self._rebaselined and baseline_at != state.at:
+            self._rebaselined = True
+            self.holes += 1
+            raise CoverageHole(
+                f"{self.resourcelist_url}: the Resource List is dated "
+                f"{w3cdt.format(state.at)}, the baseline "
+                f"{w3cdt.format(baseline_at) if baseline_at else 'unknown'}: what changed "
+                "in between can only be found by a new baseline (Z39.99 section 7: a "
+                "Resource List reflects the resources as of its 'at')"
+            )
+        return _Read(state, [])
+
+    async def _record(self) -> SnapshotState:
+        """Read every part and store its map: the first snapshot of this collection."""
+        empty = SnapshotState(url=self.resourcelist_url, at=w3cdt.now())
+        read = await self._compare(empty, validators=None, keep_changes=False)
+        assert read is not None
+        return read.state
+
+    async def _compare(
+        self,
+        before: SnapshotState,
+        *,
+        validators: SnapshotState | None,
+        keep_changes: bool = True,
+    ) -> _Read | None:
+        """Read the snapshot (conditionally, against ``validators``), compare it with ``before``.
+
+        None when its content is ``before``'s (the validators read are kept
+        for the next poll).  ``keep_changes=False``: only record the maps.
+        """
+        url = self.resourcelist_url
+        top = await self.access.read(
+            url,
+            etag=validators.etag if validators else None,
+            last_modified=validators.last_modified if validators else None,
+        )
+        if top.not_modified and (validators is None or not validators.index):
+            return None
+        diff = Diff()
+        state = SnapshotState(url=url, at=before.at, etag=top.etag, last_modified=top.last_modified)
+        part_urls: list[str] = []
+        if top.not_modified:  # the index is the same: its parts may not be
+            assert validators is not None
+            state.index = True
+            part_urls = list(validators.parts)
+            times: list[datetime | None] = [validators.at]
+        else:
+            reader = self._reader(top)
+            times = [reader.header.at]
+            if reader.header.is_index:
+                state.index = True
+                part_urls = [entry.loc for entry in reader]
+            else:
+                state.parts[url] = await self._compare_part(
+                    url, top, reader, before, validators, diff
+                )
+        for part_url in part_urls:
+            seen = validators.parts.get(part_url) if validators else None
+            fetched = await self.access.read(
+                part_url,
+                etag=seen.etag if seen else None,
+                last_modified=seen.last_modified if seen else None,
+            )
+            part_reader = None if fetched.not_modified else self._reader(fetched, part=True)
+            if part_reader is not None:
+                times.append(part_reader.header.at)
+            state.parts[part_url] = await self._compare_part(
+                part_url, fetched, part_reader, before, validators, diff
+            )
+        if keep_changes:
+            for gone in before.parts.values():  # parts the index no longer names
+                if gone.url not in state.parts:
+                    for loc, fp in (await self._map(gone)).items():
+                        diff.removed.setdefault(loc, fp)
+        if _content(state) == _content(before):
+            self._state = state  # same resources: keep the validators just read
+            return None
+        dated = [t for t in times if t is not None]
+        # A Source that rewrote a part without moving any 'at' still changed it.
+        state.at = max([*dated, before.at]) if keep_changes else max(dated, default=w3cdt.now())
+        changes = settle(diff, since=before.at, at=state.at) if keep_changes else []
+        return _Read(state, changes)
+
+    def _reader(self, fetched: Fetched, *, part: bool = False) -> sitemap.DocumentReader:
+        reader = sitemap.DocumentReader(fetched.body, limits=self.limits)
+        header = reader.header
+        what = "a Resource List Index part" if part else "the Resource List"
+        if header.capability != Capability.RESOURCELIST:
+            raise InvalidDocument(
+                f"{fetched.url}: {what} has capability {header.capability!r}, not "
+                "'resourcelist' (Z39.99 section 7)"
+            )
+        if part and header.is_index:
+            raise InvalidDocument(
+                f"{fetched.url}: a Resource List Index names another index; Z39.99 "
+                "section 7 allows one level"
+            )
+        return reader
+
+    async def _compare_part(
+        self,
+        url: str,
+        fetched: Fetched,
+        reader: sitemap.DocumentReader | None,
+        before: SnapshotState,
+        validators: SnapshotState | None,
+        diff: Diff,
+    ) -> PartState:
+        """One part: unchanged (same validators or bytes), or compared and its map stored."""
+        if reader is None:  # 304: as read last time
+            assert validators is not None
+            return validators.parts[url]
+        digest = hashlib.sha256(fetched.body).hexdigest()
+        old = before.parts.get(url)
+        if old is not None and old.digest == digest:
+            return PartState(url, old.key, digest, fetched.etag, fetched.last_modified, old.count)
+        old_map = await self._map(old) if old is not None else {}
+        new_map = compare_part(old_map, reader, diff)
+        data = encode_map(new_map)
+        key = map_key(data)
+        await self.blobs.put(key, data)  # durable before any checkpoint names it
+        return PartState(url, key, digest, fetched.etag, fetched.last_modified, len(new_map))
+
+    async def _map(self, part: PartState) -> dict[str, bytes]:
+        data = await self.blobs.get(part.key)
+        if data is None:
+            self.holes += 1
+            raise CoverageHole(
+                f"{part.url}: the map of its previous snapshot is gone from the state "
+                "directory; the changes since it cannot be told apart"
+            )
+        return await asyncio.to_thread(decode_map, data)
+
+
+def _keys(position: SnapshotPosition) -> set[str]:
+    keys = SnapshotState.from_json(position.state).keys
+    if position.base is not None:
+        keys |= SnapshotState.from_json(position.base).keys
+    return keys
+
+
+def _at(state: SnapshotState, position: SnapshotPosition) -> Checkpoint:
+    """The checkpoint of a snapshot position: its ``at`` orders pushed changes against it."""
+    return Checkpoint(changelist=state.url, last_time=state.at, started=True, snapshot=position)
+
+
+def _content(state: SnapshotState) -> dict[str, str]:
+    """What a snapshot lists, part by part (validators and dates aside)."""
+    return {url: part.key for url, part in state.parts.items()}

@@ -1,0 +1,360 @@
+"""Resource List snapshots and their differences (issue 23): the pure rules and the watcher.
+
+The watcher reads a directory Source (:class:`DirectoryAccess`, no sockets),
+counting reads per document, so "only the changed part is parsed" is checked
+by what was read, not by timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from rsnotify import sitemap
+from rsnotify.changes.access import DirectoryAccess, Fetched
+from rsnotify.changes.snapshot import (
+    Diff,
+    compare_part,
+    decode_map,
+    derived_time,
+    encode_map,
+    fingerprint,
+    settle,
+)
+from rsnotify.changes.snapshotwatch import DirectoryBlobs, SnapshotWatcher
+from rsnotify.errors import CoverageHole, InvalidDocument
+from rsnotify.model import Capability, ChangeType, Entry, Root, make_document
+from rsnotify.sitemapwriter import serialize
+from rsnotify.tracker import Checkpoint
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+BASE = "http://source.example.org"
+
+
+def _entry(name: str, body: str = "", lastmod: datetime | None = None, **kw: object) -> Entry:
+    return Entry(loc=f"{BASE}/res/{name}", lastmod=lastmod, **kw)  # type: ignore[arg-type]
+
+
+# -- the pure rules ------------------------------------------------------------------------
+
+
+def test_fingerprint_prefers_the_strongest_hash_then_length_and_lastmod() -> None:
+    sha = "sha-256:" + "a" * 64
+    assert fingerprint(_entry("x", hash=f"md5:{'b' * 32} {sha}")) == fingerprint(
+        _entry("x", hash=sha)
+    )  # adding a weaker hash is no change
+    assert fingerprint(_entry("x", hash=sha)) != fingerprint(_entry("x", hash="sha-256:" + "c" * 64))
+    assert fingerprint(_entry("x", length=3, lastmod=T0)) != fingerprint(
+        _entry("x", length=3, lastmod=T0 + timedelta(seconds=1))
+    )
+    assert fingerprint(_entry("x", length=3)) != fingerprint(_entry("x", length=4))
+
+
+def test_maps_round_trip_odd_locs() -> None:
+    states = {f"{BASE}/a b&c/é/😀/{i}": fingerprint(_entry(str(i), length=i)) for i in range(50)}
+    assert decode_map(encode_map(states)) == states
+    assert decode_map(encode_map({})) == {}
+
+
+def test_derived_time_believes_lastmod_only_inside_the_interval() -> None:
+    since, at = T0, T0 + timedelta(hours=1)
+    inside = T0 + timedelta(minutes=5)
+    assert derived_time(inside, since, at) == inside
+    assert derived_time(T0 - timedelta(days=1), since, at) == at  # before the old snapshot
+    assert derived_time(at + timedelta(days=1), since, at) == at  # after the new one
+    assert derived_time(since, since, at) == at  # the old snapshot already reflected it
+    assert derived_time(None, since, at) == at
+
+
+def test_created_updated_deleted_and_a_move_between_parts() -> None:
+    since, at = T0, T0 + timedelta(hours=1)
+    a, b, c, d = (_entry(n, length=1) for n in "abcd")
+    part1 = {e.loc: fingerprint(e) for e in (a, b)}
+    part2 = {e.loc: fingerprint(e) for e in (c, d)}
+    diff = Diff()
+    b2 = _entry("b", length=2, lastmod=T0 + timedelta(minutes=1))
+    e = _entry("e", length=1)
+    # part 1: a moves out (to part 2, unchanged), b changes; part 2: c is deleted, a and e arrive.
+    compare_part(part1, [b2], diff)
+    compare_part(part2, [d, a, e], diff)
+    changes = settle(diff, since=since, at=at)
+    assert [(ch.loc.rsplit("/", 1)[1], ch.change, ch.datetime) for ch in changes] == [
+        ("b", ChangeType.UPDATED, T0 + timedelta(minutes=1)),
+        ("e", ChangeType.CREATED, at),
+        ("c", ChangeType.DELETED, at),
+    ]
+
+
+def test_a_moved_resource_that_changed_is_updated() -> None:
+    a = _entry("a", length=1)
+    diff = Diff()
+    compare_part({a.loc: fingerprint(a)}, [], diff)
+    compare_part({}, [_entry("a", length=9)], diff)
+    (change,) = settle(diff, since=T0, at=T0 + timedelta(hours=1))
+    assert change.change is ChangeType.UPDATED and change.length == 9
+
+
+# -- the watcher over a directory Source ---------------------------------------------------
+
+
+class CountingAccess(DirectoryAccess):
+    """A directory Source that counts the reads that returned bytes, per URL path."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.bodies: dict[str, int] = {}
+
+    async def read(
+        self,
+        url: str,
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        range_start: int | None = None,
+    ) -> Fetched:
+        got = await super().read(url, etag=etag, last_modified=last_modified)
+        if not got.not_modified:
+            name = url.rsplit("/", 1)[1]
+            self.bodies[name] = self.bodies.get(name, 0) + 1
+        return got
+
+
+class DirSource:
+    """A Resource List (or an index of parts) written into a directory."""
+
+    def __init__(self, root: Path, parts: int = 0) -> None:
+        self.root = root
+        self.parts = parts
+        self.at = T0
+        self.resources: dict[str, int] = {}  # name -> length (its state)
+        self.lastmod: dict[str, datetime] = {}
+        self.part_of: dict[str, int] = {}
+
+    def url(self, name: str) -> str:
+        return f"{BASE}/{name}"
+
+    @property
+    def list_url(self) -> str:
+        return self.url("resourcelist-index.xml" if self.parts else "resourcelist.xml")
+
+    def set(self, name: str, length: int, part: int = 0) -> None:
+        if self.resources.get(name) != length:  # changed before the next publish
+            self.lastmod[name] = self.at + timedelta(seconds=30)
+        self.resources[name] = length
+        self.part_of[name] = part
+
+    def delete(self, name: str) -> None:
+        del self.resources[name], self.part_of[name], self.lastmod[name]
+
+    def _list(self, names: list[str]) -> bytes:
+        entries = [
+            Entry(loc=f"{BASE}/res/{n}", length=self.resources[n], lastmod=self.lastmod[n])
+            for n in names
+        ]
+        doc = make_document(Root.URLSET, Capability.RESOURCELIST, at=self.at, entries=entries)
+        return serialize(doc)
+
+    def _write(self, name: str, data: bytes) -> None:
+        path = self.root / name
+        if not path.exists() or path.read_bytes() != data:
+            path.write_bytes(data)
+
+    def publish(self, *, minutes: int = 1) -> None:
+        """Write the list(s) dated ``minutes`` later; parts whose content is unchanged stay."""
+        self.at += timedelta(minutes=minutes)
+        names = sorted(self.resources)
+        if not self.parts:
+            self._write("resourcelist.xml", self._list(names))
+            return
+        refs = []
+        for p in range(self.parts):
+            mine = [n for n in names if self.part_of[n] == p]
+            path = self.root / f"part{p}.xml"
+            old = sitemap.parse(path.read_bytes()) if path.exists() else None
+            old_set = {(e.loc, e.length) for e in old.entries} if old else None
+            new_set = {(f"{BASE}/res/{n}", self.resources[n]) for n in mine}
+            if old_set != new_set:
+                self._write(f"part{p}.xml", self._list(mine))
+            refs.append(Entry(loc=self.url(f"part{p}.xml")))
+        index = make_document(Root.SITEMAPINDEX, Capability.RESOURCELIST, at=self.at, entries=refs)
+        self._write("resourcelist-index.xml", serialize(index))
+
+
+def _watcher(
+    source: DirSource, access: DirectoryAccess, blobs: Path, checkpoint: Checkpoint, **kw: object
+) -> SnapshotWatcher:
+    return SnapshotWatcher(
+        access=access,
+        collection="c",
+        capability_list=source.url("capabilitylist.xml"),
+        resourcelist_url=source.list_url,
+        checkpoint=checkpoint,
+        blobs=DirectoryBlobs(blobs),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _changes(result: object) -> list[tuple[str, ChangeType]]:
+    detections = result.detections  # type: ignore[attr-defined]
+    return [(e.loc.rsplit("/", 1)[1], e.change) for d in detections for e in d.entries]
+
+
+def _poll_and_commit(watcher: SnapshotWatcher, limit: int | None = None) -> object:
+    result = asyncio.run(watcher.poll(limit))
+    if result.checkpoint is not watcher.checkpoint:
+        watcher.commit(result.checkpoint)
+    return result
+
+
+def test_single_list_first_read_records_then_changes_are_derived(tmp_path: Path) -> None:
+    source = DirSource(tmp_path / "src")
+    source.root.mkdir()
+    for n in "abc":
+        source.set(n, 1)
+    source.publish()
+    access = CountingAccess(source.root)
+    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
+    first = _poll_and_commit(watcher)
+    assert _changes(first) == [] and watcher.checkpoint.snapshot is not None
+    assert _changes(_poll_and_commit(watcher)) == []  # nothing changed: not parsed again
+    assert access.bodies["resourcelist.xml"] == 1
+    before = source.at
+    source.set("b", 2)
+    source.delete("c")
+    source.set("d", 1)
+    source.publish()
+    result = _poll_and_commit(watcher)
+    assert _changes(result) == [
+        ("b", ChangeType.UPDATED),
+        ("d", ChangeType.CREATED),
+        ("c", ChangeType.DELETED),
+    ]
+    (detection,) = result.detections  # type: ignore[attr-defined]
+    assert detection.derived is not None
+    assert (detection.derived.from_, detection.derived.until) == (before, source.at)
+    # The checkpoint survives JSON (a cursor, a log checkpoint) and a new watcher goes on.
+    saved = Checkpoint.from_json(watcher.checkpoint.to_json())
+    assert saved == watcher.checkpoint
+    again = _watcher(source, access, tmp_path / "maps", saved)
+    assert _changes(_poll_and_commit(again)) == []
+
+
+def test_an_index_reads_only_the_part_that_changed_and_sees_moves(tmp_path: Path) -> None:
+    source = DirSource(tmp_path / "src", parts=3)
+    source.root.mkdir()
+    for i, n in enumerate("abcdefghi"):
+        source.set(n, 1, part=i % 3)
+    source.publish()
+    access = CountingAccess(source.root)
+    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    assert {access.bodies[f"part{p}.xml"] for p in range(3)} == {1}
+    source.set("d", 5, part=0)  # part 0 only
+    source.publish()
+    assert _changes(_poll_and_commit(watcher)) == [("d", ChangeType.UPDATED)]
+    assert [access.bodies[f"part{p}.xml"] for p in range(3)] == [2, 1, 1]
+    source.set("b", 1, part=2)  # moves from part 1 to part 2, unchanged
+    source.set("e", 7, part=2)  # moves from part 1 to part 2, changed
+    source.delete("h")  # part 1
+    source.publish()
+    assert _changes(_poll_and_commit(watcher)) == [
+        ("e", ChangeType.UPDATED),
+        ("h", ChangeType.DELETED),
+    ]
+    assert [access.bodies[f"part{p}.xml"] for p in range(3)] == [2, 2, 2]
+
+
+def test_a_half_consumed_diff_resumes_exactly_after_a_restart(tmp_path: Path) -> None:
+    source = DirSource(tmp_path / "src")
+    source.root.mkdir()
+    source.set("a", 1)
+    source.publish()
+    access = DirectoryAccess(source.root)
+    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    for n in "bcdef":
+        source.set(n, 1)
+    source.publish()
+    first = _poll_and_commit(watcher, limit=2)
+    assert _changes(first) == [("b", ChangeType.CREATED), ("c", ChangeType.CREATED)]
+    assert first.more  # type: ignore[attr-defined]
+    saved = Checkpoint.from_json(watcher.checkpoint.to_json())
+    restarted = _watcher(source, access, tmp_path / "maps", saved)
+    rest = _poll_and_commit(restarted)
+    assert _changes(rest) == [(n, ChangeType.CREATED) for n in "def"]
+    assert restarted.checkpoint.snapshot is not None
+    assert restarted.checkpoint.snapshot.base is None  # the diff is wholly consumed
+
+
+def test_a_lost_map_is_a_coverage_hole(tmp_path: Path) -> None:
+    source = DirSource(tmp_path / "src")
+    source.root.mkdir()
+    source.set("a", 1)
+    source.publish()
+    access = DirectoryAccess(source.root)
+    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    for blob in (tmp_path / "maps").iterdir():
+        blob.unlink()
+    source.set("a", 2)
+    source.publish()
+    with pytest.raises(CoverageHole, match="map of its previous snapshot is gone"):
+        asyncio.run(watcher.poll())
+
+
+def test_a_destination_rebaselines_once_when_the_list_moved_past_its_baseline(
+    tmp_path: Path,
+) -> None:
+    source = DirSource(tmp_path / "src")
+    source.root.mkdir()
+    source.set("a", 1)
+    source.publish()
+    access = DirectoryAccess(source.root)
+    baseline_at = source.at
+    same = _watcher(
+        source, access, tmp_path / "m1", Checkpoint(last_time=baseline_at), stop_at_holes=True
+    )
+    assert _changes(_poll_and_commit(same)) == [] and same.checkpoint.snapshot is not None
+    source.publish()  # a new 'at' since that baseline
+    moved = _watcher(
+        source, access, tmp_path / "m2", Checkpoint(last_time=baseline_at), stop_at_holes=True
+    )
+    with pytest.raises(CoverageHole, match="section 7"):
+        asyncio.run(moved.poll())
+    assert _changes(_poll_and_commit(moved)) == [] and moved.checkpoint.snapshot is not None
+
+
+def test_a_change_list_where_a_resource_list_belongs_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    root.mkdir()
+    doc = make_document(
+        Root.URLSET,
+        Capability.CHANGELIST,
+        from_=T0,
+        entries=[Entry(loc=f"{BASE}/x", change=ChangeType.CREATED, datetime=T0)],
+    )
+    (root / "resourcelist.xml").write_bytes(serialize(doc))
+    source = DirSource(root)
+    watcher = _watcher(source, DirectoryAccess(root), tmp_path / "maps", Checkpoint())
+    with pytest.raises(InvalidDocument, match="not 'resourcelist'.*section 7"):
+        asyncio.run(watcher.poll())
+
+
+def test_maps_no_longer_named_are_swept(tmp_path: Path) -> None:
+    source = DirSource(tmp_path / "src")
+    source.root.mkdir()
+    source.set("a", 1)
+    source.publish()
+    access = DirectoryAccess(source.root)
+    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    for length in range(2, 6):
+        source.set("a", length)
+        source.publish()
+        _poll_and_commit(watcher)
+    _poll_and_commit(watcher)
+    # The committed snapshot's map and the one before it; older ones are gone.
+    assert len(list((tmp_path / "maps").iterdir())) == 2
