@@ -46,7 +46,8 @@ def test_fingerprint_prefers_the_strongest_hash_then_length_and_lastmod() -> Non
     assert fingerprint(_entry("x", hash=f"md5:{'b' * 32} {sha}")) == fingerprint(
         _entry("x", hash=sha)
     )  # adding a weaker hash is no change
-    assert fingerprint(_entry("x", hash=sha)) != fingerprint(_entry("x", hash="sha-256:" + "c" * 64))
+    other = "sha-256:" + "c" * 64
+    assert fingerprint(_entry("x", hash=sha)) != fingerprint(_entry("x", hash=other))
     assert fingerprint(_entry("x", length=3, lastmod=T0)) != fingerprint(
         _entry("x", length=3, lastmod=T0 + timedelta(seconds=1))
     )
@@ -339,7 +340,7 @@ def test_a_change_list_where_a_resource_list_belongs_is_refused(tmp_path: Path) 
     (root / "resourcelist.xml").write_bytes(serialize(doc))
     source = DirSource(root)
     watcher = _watcher(source, DirectoryAccess(root), tmp_path / "maps", Checkpoint())
-    with pytest.raises(InvalidDocument, match="not 'resourcelist'.*section 7"):
+    with pytest.raises(InvalidDocument, match=r"not 'resourcelist'.*section 7"):
         asyncio.run(watcher.poll())
 
 
