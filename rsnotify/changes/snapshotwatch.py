@@ -134,6 +134,7 @@ class SnapshotWatcher:
     """Finds what changed in one collection's Resource List since its checkpoint."""
 
     unordered = False  # the interface of CollectionWatcher: a snapshot has no order to relax
+    walks = polls = "the Resource List"
 
     def __init__(
         self,
@@ -167,13 +168,11 @@ class SnapshotWatcher:
 
     # -- the CollectionWatcher interface ----------------------------------------------
 
-    @property
     def list_urls(self) -> list[str]:
         state = self._state
         parts = [url for url in state.parts if url != self.resourcelist_url] if state else []
         return [self.resourcelist_url, *parts]
 
-    @property
     def coverage_start(self) -> datetime | None:
         return None
 

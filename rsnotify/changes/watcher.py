@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Protocol
 
 from .. import sitemap
 from ..errors import CoverageHole, DocumentError, InvalidDocument
@@ -65,6 +66,39 @@ class PollResult:
         return sum(len(d) for d in self.detections)
 
 
+class ChangeWatcher(Protocol):
+    """What the publisher and the subscriber need of one collection's detection.
+
+    :class:`CollectionWatcher` reads Change Lists;
+    :class:`~.snapshotwatch.SnapshotWatcher` compares Resource List
+    snapshots for a Source that has none.  Both hand back what is new after
+    a checkpoint, with the checkpoint after each change, and never commit
+    anything themselves.
+    """
+
+    collection: str
+    capability_list: str
+    changelist_url: str
+    checkpoint: Checkpoint
+    holes: int
+    unordered: bool
+    unordered_lists: set[str]
+    walks: str  # what a catch-up reads, for messages ("the Change List Index")
+    polls: str  # what a poll reads, for messages ("the Change Lists")
+
+    def list_urls(self) -> list[str]: ...
+
+    def coverage_start(self) -> datetime | None: ...
+
+    def hole_at(self, checkpoint: Checkpoint) -> str | None: ...
+
+    def commit(self, checkpoint: Checkpoint) -> None: ...
+
+    def reset(self, checkpoint: Checkpoint) -> None: ...
+
+    async def poll(self, limit: int | None = None, *, lists: int | None = None) -> PollResult: ...
+
+
 @dataclass(slots=True)
 class _Pass:
     """A detection pass cut short at its entry limit, resumed by the next poll."""
@@ -79,6 +113,9 @@ class _Pass:
 
 class CollectionWatcher:
     """Finds the Change List entries of one collection that come after its checkpoint."""
+
+    walks = "the Change List Index"
+    polls = "the Change Lists"
 
     def __init__(
         self,

@@ -160,6 +160,15 @@ OPTIONS = Options(
         "GETs; default %(default)g)",
     ),
     option(
+        "--resourcelist-poll",
+        type=argtypes.positive_number,
+        default=300.0,
+        metavar="SECONDS",
+        help="a collection without a Change List is followed by re-reading its Resource List "
+        "(Index) this often when no push arrives: conditional GETs, and only changed parts "
+        "are parsed (default %(default)g)",
+    ),
+    option(
         "--degraded-after",
         type=argtypes.nonneg_number,
         default=DEFAULT_GRACE,

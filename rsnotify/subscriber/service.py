@@ -34,6 +34,7 @@ from aiohttp import web
 from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
 from ..changes.access import HttpAccess
+from ..changes.snapshotwatch import DirectoryBlobs, SnapshotWatcher
 from ..changes.watcher import CollectionWatcher
 from ..collection import collection_id
 from ..envelope import Notification
@@ -83,6 +84,9 @@ class SubscriberConfig:
     max_skew: float = DEFAULT_MAX_SKEW  # seconds a change may be dated ahead of this clock
     degraded_after: float = DEFAULT_GRACE  # push down this long: poll the Change Lists
     degraded_poll: float = DEFAULT_INTERVAL  # ... every this many seconds (see .pushhealth)
+    # A collection without Change Lists: its Resource List is re-read this often
+    # without push (rsnotify.changes.snapshotwatch); a full list can be large.
+    resourcelist_poll: float = 300.0
     # Rules of the specification relaxed reading the Source (--lenient): by default
     # only entry order, since resync-built Sources write Change Lists out of order.
     lenient: frozenset[sitemap.Lenient] = frozenset({sitemap.Lenient.ORDER})
@@ -259,18 +263,15 @@ class Subscriber:
             cid = collection_id(cap.url)
             if wanted and cap.url not in wanted and cid not in wanted:
                 continue
-            changelist = cap.capabilities.get(Capability.CHANGELIST)
-            if changelist is None:
-                log.warning("%s offers no Change List; skipped", cap.url)
+            watcher = self._watcher_for(cap, cid)
+            if watcher is None:
+                log.warning("%s offers neither a Change List nor a Resource List; skipped", cap.url)
                 continue
-            watcher = CollectionWatcher(
-                access=HttpAccess(self._fetcher),
-                collection=cid,
-                capability_list=cap.url,
-                changelist_url=changelist,
-                checkpoint=Checkpoint(started=True),
-                limits=sitemap.Limits(lenient=config.lenient),
-                stop_at_holes=True,  # a Destination re-baselines (CollectionSync._rebaseline)
+            # Without Change Lists every walk re-reads a whole list: polled politely.
+            poll_every = (
+                config.resourcelist_poll
+                if isinstance(watcher, SnapshotWatcher)
+                else config.degraded_poll
             )
             engine = CollectionSync(
                 collection=cid,
@@ -292,7 +293,7 @@ class Subscriber:
                 workdir=self.state_dir,
                 max_skew=config.max_skew,
                 degraded_after=config.degraded_after,
-                degraded_poll=config.degraded_poll,
+                degraded_poll=poll_every,
             )
             self.engines[cid] = engine
             if config.once:
@@ -302,7 +303,12 @@ class Subscriber:
                 self._channels.append(self._websub_channel(cap, cid, "websub", engine, True))
                 engine.framework_polls = hub is None  # then it is the only push this engine gets
             if hub is None:
-                every = f"polling the Change Lists every {config.degraded_poll:g}s"
+                what = (
+                    "the Resource List"
+                    if isinstance(watcher, SnapshotWatcher)
+                    else "the Change Lists"
+                )
+                every = f"polling {what} every {poll_every:g}s"
                 if cap.websub:
                     log.warning(
                         "%s advertises a WebSub channel (Change Notification section 5): "
@@ -338,7 +344,10 @@ class Subscriber:
                 mqtt_sinks[cid] = engine.offer
                 self.metrics.transport.labels(cid).info({"transport": "mqtt"})
         if not self.engines:
-            raise RsNotifyError(f"{config.source}: no Capability List with a Change List to follow")
+            raise RsNotifyError(
+                f"{config.source}: no Capability List with a Change List or a Resource List "
+                "to follow"
+            )
         for engine in self.engines.values():
             engine.sole_collection = len(self.engines) == 1
         if mqtt_sinks and mqtt_url is not None:
@@ -374,6 +383,49 @@ class Subscriber:
 
             reporter = SubscriberReporter(config.report, self).attach()
             self._tasks.append(asyncio.create_task(reporter.run()))
+
+    def _watcher_for(
+        self, cap: discovery.CapabilityListInfo, cid: str
+    ) -> CollectionWatcher | SnapshotWatcher | None:
+        """How this collection's changes are found: its Change Lists, else its Resource List.
+
+        A Capability List may offer no Change List at all (many Sources
+        publish only a Resource List): then successive Resource List
+        snapshots are compared (:mod:`rsnotify.changes.snapshotwatch`),
+        their maps kept in the state directory.
+        """
+        assert self._fetcher is not None
+        access = HttpAccess(self._fetcher)
+        limits = sitemap.Limits(lenient=self.config.lenient)
+        changelist = cap.capabilities.get(Capability.CHANGELIST)
+        if changelist is not None:
+            return CollectionWatcher(
+                access=access,
+                collection=cid,
+                capability_list=cap.url,
+                changelist_url=changelist,
+                checkpoint=Checkpoint(started=True),
+                limits=limits,
+                stop_at_holes=True,  # a Destination re-baselines (CollectionSync._rebaseline)
+            )
+        resourcelist = cap.capabilities.get(Capability.RESOURCELIST)
+        if resourcelist is None:
+            return None
+        log.info(
+            "%s offers no Change List: following its Resource List %s by comparing snapshots",
+            cap.url,
+            resourcelist,
+        )
+        return SnapshotWatcher(
+            access=access,
+            collection=cid,
+            capability_list=cap.url,
+            resourcelist_url=resourcelist,
+            checkpoint=Checkpoint(started=True),
+            blobs=DirectoryBlobs(self.state_dir / "snapshots" / cid),
+            limits=limits,
+            stop_at_holes=True,
+        )
 
     def _warn_unsigned(self, mqtt_url: str | None) -> None:
         """Say once what an unsigned channel means for this Destination (see .trust)."""

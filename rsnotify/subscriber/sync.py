@@ -58,7 +58,7 @@ from typing import Any, cast
 
 from .. import envelope, framework
 from ..backoff import Backoff
-from ..changes.watcher import CollectionWatcher, CoverageHole
+from ..changes.watcher import ChangeWatcher, CoverageHole
 from ..envelope import InvalidNotification, Notification
 from ..errors import DocumentError, FetchError, RsNotifyError
 from ..model import ChangeType, Entry, sort_chronologically
@@ -182,7 +182,7 @@ class CollectionSync:
         *,
         collection: str,
         capability_list: str,
-        watcher: CollectionWatcher,
+        watcher: ChangeWatcher,
         applier: Applier,
         cursors: Cursors,
         detector: GapDetector,
@@ -582,6 +582,16 @@ class CollectionSync:
                             found_any = True
                             applied += await self._submit_pass(result.detections, aligned)
                             self.watcher.commit(result.checkpoint)
+                        elif (
+                            result.checkpoint.snapshot is not None
+                            and result.checkpoint != self.watcher.checkpoint
+                        ):
+                            # Nothing to apply, a new position all the same (a Resource
+                            # List snapshot recorded): the cursor passes over it.
+                            self._submitted = result.checkpoint
+                            self._pass_over(result.checkpoint)
+                            self._wake.set()
+                            self.watcher.commit(result.checkpoint)
                         if more:
                             await asyncio.sleep(0)  # the recorder takes what was queued
                     if not found_any:
@@ -601,8 +611,9 @@ class CollectionSync:
                     raise
                 delay = backoff.next()
                 log.warning(
-                    "%s: catch-up from the Change List Index failed (%s); retrying in %.1fs",
+                    "%s: catch-up from %s failed (%s); retrying in %.1fs",
                     self.collection,
+                    self.watcher.walks,
                     exc,
                     delay,
                     extra={"collection": self.collection},
@@ -846,9 +857,10 @@ class CollectionSync:
         self.stats.mode, self.stats.mode_reason = change.mode, change.reason
         if change.mode == "polling":
             log.warning(
-                "%s: push unavailable (%s): polling the Change Lists every %gs",
+                "%s: push unavailable (%s): polling %s every %gs",
                 self.collection,
                 change.reason,
+                self.watcher.polls,
                 self.health.interval,
                 extra={"collection": self.collection},
             )
@@ -886,7 +898,7 @@ class CollectionSync:
             why = "not applied from push" if confirm else "push unavailable"
             self._event(
                 "poll",
-                f"{applied} change(s) from the Change List Index in "
+                f"{applied} change(s) from {self.watcher.walks} in "
                 f"{time.monotonic() - started:.2f}s ({why})",
                 {},
             )
@@ -947,7 +959,7 @@ class CollectionSync:
         self.stats.state = self._settled_state()
         self._event(
             "catch-up",
-            f"{applied} change(s) from the Change List Index in {duration:.2f}s",
+            f"{applied} change(s) from {self.watcher.walks} in {duration:.2f}s",
             self.stats.last_gap,
         )
 
