@@ -204,15 +204,20 @@ class Diff:
 
 
 def compare_part(
-    old: Mapping[str, bytes], entries: Iterable[Entry], diff: Diff
+    old: Mapping[str, bytes], entries: Iterable[Entry], diff: Diff | None
 ) -> dict[str, bytes]:
-    """Compare one part's new entries with its old map; returns the new map.
+    """Compare one part's new entries with its old map (into ``diff``); returns the new map.
 
     Streaming: an entry is kept only when it changed, so a part of 50,000
     resources with ten changes holds two maps and ten entries.  A loc listed
-    twice in one part counts once, with its last state.
+    twice in one part counts once, with its last state.  ``diff=None``:
+    only the map is wanted (a first snapshot, recorded).
     """
     new: dict[str, bytes] = {}
+    if diff is None:
+        for entry in entries:
+            new[entry.loc] = fingerprint(entry)
+        return new
     for entry in entries:
         fp = fingerprint(entry)
         loc = entry.loc

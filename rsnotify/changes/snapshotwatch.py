@@ -313,7 +313,9 @@ class SnapshotWatcher:
         )
         if top.not_modified and (validators is None or not validators.index):
             return None
-        diff = Diff()
+        # Recording keeps no changes: a first read of a million resources holds one
+        # part's map at a time, never a million entries.
+        diff = Diff() if keep_changes else None
         state = SnapshotState(url=url, at=before.at, etag=top.etag, last_modified=top.last_modified)
         part_urls: list[str] = []
         if top.not_modified:  # the index is the same: its parts may not be
@@ -344,7 +346,7 @@ class SnapshotWatcher:
             state.parts[part_url] = await self._compare_part(
                 part_url, fetched, part_reader, before, validators, diff
             )
-        if keep_changes:
+        if diff is not None:
             for gone in before.parts.values():  # parts the index no longer names
                 if gone.url not in state.parts:
                     for loc, fp in (await self._map(gone)).items():
@@ -355,7 +357,7 @@ class SnapshotWatcher:
         dated = [t for t in times if t is not None]
         # A Source that rewrote a part without moving any 'at' still changed it.
         state.at = max([*dated, before.at]) if keep_changes else max(dated, default=w3cdt.now())
-        changes = settle(diff, since=before.at, at=state.at) if keep_changes else []
+        changes = settle(diff, since=before.at, at=state.at) if diff is not None else []
         return _Read(state, changes)
 
     def _reader(self, fetched: Fetched, *, part: bool = False) -> sitemap.DocumentReader:
@@ -381,7 +383,7 @@ class SnapshotWatcher:
         reader: sitemap.DocumentReader | None,
         before: SnapshotState,
         validators: SnapshotState | None,
-        diff: Diff,
+        diff: Diff | None,
     ) -> PartState:
         """One part: unchanged (same validators or bytes), or compared and its map stored."""
         if reader is None:  # 304: as read last time
