@@ -31,8 +31,9 @@ from typing import Any
 
 import pytest
 
+from rsnotify import framework
 from rsnotify.collection import collection_id
-from tests.devstack import HttpServer, ManagedProcess, Redis, wait_for
+from tests.devstack import HttpServer, ManagedProcess, Redis, free_port, wait_for
 
 NS = (
     'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
@@ -356,6 +357,8 @@ def test_a_resource_list_only_source_is_published_as_derived_changes(
         reader = RedisReader(redis.url, cid)
     else:
         reader = SQLiteReader(state, cid)
+        # The framework watch of a collection without Change Lists: the Resource List.
+        args += ["--websub", f"127.0.0.1:{free_port()}", "--framework-interval", "0.2"]
     scenario = Scenario(source, server, lambda: rsnotify_process(*args), reader)
     scenario.wait_recorded()
 
@@ -385,3 +388,11 @@ def test_a_resource_list_only_source_is_published_as_derived_changes(
     assert len(reader.records()) == 3 * 6  # three rounds of six changes
     if backend == "redis":  # the maps live beside the log, for a standby that takes over
         assert not (state / "snapshots").exists()
+    else:  # Framework Notification 1.0.1: "resourcelist updated", nothing of Change Lists
+        framework_log = SQLiteReader(state, framework.stream(cid))
+        notes = wait_for(
+            lambda: [obj for _, obj in framework_log.records()],
+            TIMEOUT,
+            message=lambda: "no framework notification\n" + scenario.publisher.tail(),
+        )
+        assert {(n["capability"], n["change"]) for n in notes} == {("resourcelist", "updated")}

@@ -175,9 +175,10 @@ class DetectionLoop:
                     await self.sequencer.log_framework(collection, state, changes)
                 if first:
                     log.info(
-                        "%s: framework: watching %s and the Change Lists (every %gs)",
+                        "%s: framework: watching %s%s (every %gs)",
                         collection.id,
                         ", ".join(sorted(state.advertised)) or "no other capability",
+                        " and the Change Lists" if watcher.changes is not None else "",
                         interval,
                         extra={"collection": collection.id},
                     )
