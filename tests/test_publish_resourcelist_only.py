@@ -396,3 +396,39 @@ def test_a_resource_list_only_source_is_published_as_derived_changes(
             message=lambda: "no framework notification\n" + scenario.publisher.tail(),
         )
         assert {(n["capability"], n["change"]) for n in notes} == {("resourcelist", "updated")}
+
+
+def test_lost_snapshot_maps_make_the_publisher_record_again_not_stop(
+    rl_source: tuple[ResourceListSource, HttpServer],
+    rsnotify_process: Callable[..., ManagedProcess],
+    tmp_path: Path,
+) -> None:
+    """A wiped map directory is a coverage hole: said, counted, and detection goes on."""
+    source, server = rl_source
+    state = tmp_path / "state"
+    cid = collection_id(source.capability_list)
+    reader = SQLiteReader(state, cid)
+    args = ["publish", source.capability_list, "--poll", "0.1", "--state-dir", state]
+    scenario = Scenario(source, server, lambda: rsnotify_process(*args), reader)
+    scenario.wait_recorded()
+    _changes(source, 1)
+    scenario.publish_round()
+    scenario.wait_logged()
+    for blob in (state / "snapshots" / cid).iterdir():
+        blob.unlink()
+    # The changes of this round cannot be told apart: the snapshot is recorded again.
+    _changes(source, 2)
+    source.publish()
+    scenario.snapshot, scenario.snapshot_at = dict(source.resources), source.at
+    wait_for(
+        lambda: _w3c(source.at) in (reader.checkpoint() or ""),
+        TIMEOUT,
+        interval=0.05,
+        message=lambda: "the snapshot was never recorded again\n" + scenario.publisher.tail(),
+    )
+    assert "map of its previous snapshot is gone" in scenario.publisher.output()
+    scenario.check_log()  # round 1 alone
+    _changes(source, 3)
+    scenario.publish_round()
+    scenario.wait_logged()
+    assert len(reader.records()) == 2 * 6
