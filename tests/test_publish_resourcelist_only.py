@@ -432,3 +432,57 @@ def test_lost_snapshot_maps_make_the_publisher_record_again_not_stop(
     scenario.publish_round()
     scenario.wait_logged()
     assert len(reader.records()) == 2 * 6
+
+
+def test_an_ha_standby_that_takes_over_diffs_from_the_maps_in_redis(
+    rl_source: tuple[ResourceListSource, HttpServer],
+    rsnotify_process: Callable[..., ManagedProcess],
+    redis_server: Redis,
+    tmp_path: Path,
+) -> None:
+    """Two ``--ha`` publishers, each with its own state directory; the leader is killed.
+
+    The standby finds the last snapshot's maps in Redis and logs the changes
+    made since, exactly: with the maps only on the dead leader's disk it
+    could only record the snapshot again, and those changes would be lost.
+    """
+    import redis
+
+    source, server = rl_source
+    cid = collection_id(source.capability_list)
+    group = "rl-ha"
+    r = redis.Redis.from_url(redis_server.url)
+
+    def publisher(name: str) -> ManagedProcess:
+        return rsnotify_process(
+            "publish", source.capability_list, "--poll", "0.1", "--redis", redis_server.url,
+            "--ha", "--ha-group", group, "--lease-ttl", "1", "--state-dir", tmp_path / name,
+            name=name,
+        )  # fmt: skip
+
+    def leader() -> int | None:
+        value = r.get(f"rsn:leader:{group}")
+        return int(value.decode().split(":")[-2]) if value is not None else None  # host:pid:token
+
+    reader = RedisReader(redis_server.url, cid)
+    scenario = Scenario(source, server, lambda: publisher("pub-a"), reader)
+    standby = publisher("pub-b")
+    scenario.wait_recorded()
+    _changes(source, 1)
+    scenario.publish_round()
+    scenario.wait_logged()
+    first = wait_for(leader, TIMEOUT, message="no leader")
+    dead, alive = (
+        (scenario.publisher, standby)
+        if first == scenario.publisher.pid
+        else (standby, scenario.publisher)
+    )
+    dead.kill()  # kill -9: no clean hand-over
+    _changes(source, 2)
+    scenario.publish_round()
+    wait_for(lambda: leader() == alive.pid, TIMEOUT, message=lambda: "no takeover\n" + alive.tail())
+    scenario.publisher = alive
+    scenario.wait_logged()
+    scenario.wait_polls()
+    scenario.check_log()
+    assert len(reader.records()) == 2 * 6
