@@ -486,3 +486,37 @@ def test_an_ha_standby_that_takes_over_diffs_from_the_maps_in_redis(
     scenario.wait_polls()
     scenario.check_log()
     assert len(reader.records()) == 2 * 6
+
+
+def test_a_diff_longer_than_a_detection_pass_is_logged_whole_across_a_kill(
+    rl_source: tuple[ResourceListSource, HttpServer],
+    rsnotify_process: Callable[..., ManagedProcess],
+    tmp_path: Path,
+) -> None:
+    """4,500 creations: three detection passes (``more``), appended 1,000 at a time.
+
+    The publisher is killed (-9) once the log holds some of them (here,
+    every run: after the first 1,000); the one started after it resumes inside
+    the same diff (the checkpoint's half-consumed position): every change
+    once, in order.
+    """
+    source, server = rl_source
+    state = tmp_path / "state"
+    cid = collection_id(source.capability_list)
+    reader = SQLiteReader(state, cid)
+    args = ["publish", source.capability_list, "--poll", "0.1", "--state-dir", state]
+    scenario = Scenario(source, server, lambda: rsnotify_process(*args), reader)
+    scenario.wait_recorded()
+    at = source.at
+    for i in range(4500):
+        source.put(f"bulk{i:05}.txt", f"bulk {i}", at + timedelta(seconds=i % 500))
+    scenario.publish_round()
+    wait_for(lambda: len(reader.records()) >= 1000, TIMEOUT, interval=0.005)
+    scenario.publisher.kill()
+    partial = len(reader.records())
+    scenario.publisher = scenario.start_publisher()
+    scenario.wait_logged()
+    scenario.wait_polls()
+    scenario.check_log()
+    assert len(reader.records()) == 4500
+    print(f"killed with {partial} of 4500 logged")
