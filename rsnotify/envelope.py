@@ -20,6 +20,22 @@ attributes): ``rsn:seq`` and ``rsn:changelist`` on each change's ``rs:md``,
 knows only the standard ignores them; a payload without them (another
 Source, another hub) decodes to changes without a sequence number.
 
+Derived changes
+    A Source without Change Lists tells what changed only by publishing a
+    new Resource List; the publisher diffs successive snapshots
+    (:mod:`rsnotify.changes.snapshot`) and marks every change found that way
+    (:class:`~rsnotify.tracker.Snapshots`), so a Destination can tell it
+    from a Change List entry: a change between two snapshots may stand for
+    several, and a resource created and deleted between them was never
+    seen.  JSON: ``"derived": {"resourcelist": URI, "from": W3C datetime,
+    "until": W3C datetime}`` (``from``, the older snapshot's ``at``, omitted
+    when unknown; ``until`` is the newer one's; Z39.99 section 7: a Resource
+    List's ``at`` is the time its resource states reflect).  XML: the same
+    three on the change's ``rs:md``, ``rsn:derived-resourcelist``,
+    ``rsn:derived-from``, ``rsn:derived-until``; the change itself stays a
+    standard ``<url>`` a standard Destination applies as it is.  A change
+    without them is a Change List entry.
+
 The interval
     Each logged change remembers the change datetime of the change logged
     before it (``since``, JSON key ``"from"``: the log is in forward
@@ -69,6 +85,7 @@ from .errors import DocumentError, InvalidDatetime
 from .errors import InvalidNotification as InvalidNotification  # re-exported: its old home
 from .errors import SignatureError as SignatureError  # re-exported: its old home
 from .model import ChangeType, Document, Entry, Link, Root, make_document
+from .tracker import Snapshots
 
 # Any (strict module): decoded JSON values (orjson.loads), checked field by field
 # (_require, _optional, _time, _link_of) before they become a Notification.
@@ -92,6 +109,12 @@ _CHANGES = {c.value: c for c in ChangeType}
 # Characters XML 1.0 cannot carry (as in sitemapwriter.py), lone surrogates included.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _TEXT_FIELDS = ("collection", "capabilitylist", "changelist", "loc", "hash", "type")
+#: The JSON ``derived`` keys and the ``rs:md`` attributes (rsnotify's namespace) carrying them.
+_DERIVED = {
+    "resourcelist": "derived-resourcelist",
+    "from": "derived-from",
+    "until": "derived-until",
+}
 
 
 # The latency stages a notification's times delimit, in order: change ->
@@ -127,6 +150,9 @@ class Notification:
     # The change datetime of the change logged before this one (JSON "from"): where
     # the Change Notification interval of this change starts.  None: its own datetime.
     since: dt.datetime | None = None
+    # Found by diffing two Resource List snapshots, not read from a Change List
+    # (JSON "derived", see the module docstring).  None: a Change List entry.
+    derived: Snapshots | None = None
     # Not on the wire: when this Destination received it (epoch seconds), for latency.
     received: float | None = field(default=None, compare=False)
 
@@ -146,10 +172,12 @@ class Notification:
         changelist: str,
         detected: dt.datetime | None = None,
         since: dt.datetime | None = None,
+        derived: Snapshots | None = None,
     ) -> Notification:
         """Build the notification for a Change List entry (which the parser validated).
 
-        ``since`` is the change datetime of the entry logged before this one.
+        ``since`` is the change datetime of the entry logged before this one;
+        ``derived``: the entry was found between these Resource List snapshots.
         """
         when = entry.change_time
         if when is None or entry.change is None:
@@ -171,6 +199,7 @@ class Notification:
             lastmod=lastmod,
             detected=detected,
             since=since if since is not None and since < when else None,
+            derived=derived,
         )
 
     @property
@@ -231,7 +260,32 @@ def to_dict(n: Notification) -> dict[str, Any]:
         out["from"] = w3cdt.format(n.since)
     if n.published is not None:
         out["published"] = w3cdt.format(n.published)
+    if n.derived is not None:
+        out["derived"] = _derived_dict(n.derived)
     return out
+
+
+def _derived_dict(derived: Snapshots) -> dict[str, str]:
+    out = {"resourcelist": derived.resourcelist, "until": w3cdt.format(derived.until)}
+    if derived.from_ is not None:
+        out["from"] = w3cdt.format(derived.from_)
+    return out
+
+
+def _derived_of(value: Any) -> Snapshots:
+    """The ``derived`` object, checked as strictly as the envelope's own fields."""
+    if not isinstance(value, dict):
+        raise InvalidNotification("notification 'derived' is not an object")
+    resourcelist = value.get("resourcelist")
+    if not isinstance(resourcelist, str):
+        raise InvalidNotification("notification 'derived' has no 'resourcelist' URI")
+    if _NOT_XML.search(resourcelist):
+        raise InvalidNotification("notification 'derived.resourcelist' holds non-XML characters")
+    until = _time(value.get("until"), "derived.until")
+    since = _time(value["from"], "derived.from") if value.get("from") is not None else None
+    if since is not None and since > until:
+        raise InvalidNotification("notification 'derived.from' is later than its 'until'")
+    return Snapshots(_uri(resourcelist, "derived.resourcelist"), since, until)
 
 
 def dumps(value: Mapping[str, Any]) -> bytes:
@@ -376,6 +430,7 @@ def from_dict(obj: Any, *, standard: bool = False) -> Notification:
             _time(obj["published"], "published") if obj.get("published") is not None else None
         ),
         since=since if since is not None and since < when else None,
+        derived=_derived_of(obj["derived"]) if obj.get("derived") is not None else None,
     )
 
 
@@ -421,6 +476,8 @@ def _entry_of(n: Notification) -> Entry:
         extra[_RSN + "changelist"] = n.changelist
     if n.detected is not None:
         extra[_RSN + "detected"] = _format_detected(n.detected)
+    if n.derived is not None:
+        extra.update((_RSN + _DERIVED[k], v) for k, v in _derived_dict(n.derived).items())
     return Entry(
         loc=n.loc,
         lastmod=n.lastmod if n.lastmod is not None else n.datetime,
@@ -648,6 +705,9 @@ def _from_entry(
     since = previous if previous is not None else document.from_
     if since is not None and when is not None and since < when:
         obj["from"] = w3cdt.format(since)
+    derived = {k: extra[_RSN + a] for k, a in _DERIVED.items() if _RSN + a in extra}
+    if derived:  # any of the three: from_dict requires the URI and the until
+        obj["derived"] = derived
     if obj["capabilitylist"] is None:
         obj["capabilitylist"] = "urn:x-rsnotify:unknown-capability-list"
     return from_dict(obj, standard=True)

@@ -32,6 +32,7 @@ from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.simulator.source import Layout, Source
 from rsnotify.sitemap import parse, serialize
 from rsnotify.subscriber.websub import CallbackServer, WebSubChannel, websub_target
+from rsnotify.tracker import Snapshots
 from rsnotify.transport import websubproto as proto
 from rsnotify.transport.websub import WebSubHub
 from rsnotify.transport.websubpush import HubPusher
@@ -249,6 +250,36 @@ def test_example_1_is_read_and_produced_with_the_same_meaning() -> None:
     expected = meaning(EXAMPLE_1)
     expected["md"]["until"] = batch.changes[-1].datetime
     assert meaning(by_log) == expected
+
+
+def test_example_1_derived_from_snapshots_keeps_its_standard_meaning() -> None:
+    """Changes marked as derived from Resource List snapshots (issue 23) are still Example 1.
+
+    The mark is three attributes in rsnotify's namespace on each change's
+    ``rs:md`` (``##other``, which the schema allows); a standard reader sees
+    the same payload, rsnotify's reads the mark back.
+    """
+    batch = envelope.decode_batch(EXAMPLE_1, collection="example.com-dataset1-capabilitylist")
+    snapshots = Snapshots("http://example.com/dataset1/resourcelist.xml", batch.from_, batch.until)
+    for n in batch.changes:
+        n.derived = snapshots
+    produced = envelope.compose(
+        [envelope.url_fragment(n) for n in batch.changes],
+        capabilitylist=CAPABILITY_LIST,
+        from_=batch.from_,
+        until=batch.until,
+    )
+    assert meaning(produced) == meaning(EXAMPLE_1)
+    root = etree.fromstring(produced)
+    for md in root.findall(f"{{{SM}}}url/{{{RS}}}md"):
+        extension = {k for k in md.attrib if k.startswith(f"{{{envelope.RSNOTIFY_NS}}}")}
+        assert {k.split("}")[1] for k in extension} == {
+            "derived-resourcelist",
+            "derived-from",
+            "derived-until",
+        }
+    again = envelope.decode_batch(produced, collection="example.com-dataset1-capabilitylist")
+    assert [n.derived for n in again.changes] == [snapshots, snapshots]
 
 
 def test_the_obsolete_1_0_form_is_read_and_a_missing_interval_refused() -> None:

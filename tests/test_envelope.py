@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lxml import etree
 
 from rsnotify import envelope, outbound, w3cdt
 from rsnotify.envelope import InvalidNotification
@@ -99,3 +101,95 @@ def test_a_shared_renderer_renders_each_record_once_and_forgets_the_oldest() -> 
     assert renderer.render("c", LogRecord(seq=7, data=data, logged_ms=0)) is not first
     with pytest.raises(ValueError):
         outbound.Renderer("yaml")
+
+
+# -- derived changes (issue 23): found between two Resource List snapshots ---------------
+
+
+def _derived(
+    since: datetime | None = datetime(2026, 11, 22, 5, tzinfo=UTC),
+) -> envelope.Notification:
+    from dataclasses import replace
+
+    from rsnotify.tracker import Snapshots
+
+    until = datetime(2026, 11, 22, 6, tzinfo=UTC)
+    return replace(
+        _sample(),
+        changelist="http://example.org/resourcelist.xml",
+        derived=Snapshots("http://example.org/resourcelist.xml", since, until),
+    )
+
+
+RS = "http://www.openarchives.org/rs/terms/"
+
+
+def _change_md(xml: bytes) -> list[etree._Element]:
+    """The ``rs:md`` of each change (the root's is the first)."""
+    return list(etree.fromstring(xml).iter(f"{{{RS}}}md"))[1:]
+
+
+@pytest.mark.parametrize("since", [datetime(2026, 11, 22, 5, tzinfo=UTC), None])
+def test_a_derived_change_round_trips_in_json_and_xml(since: datetime | None) -> None:
+    n = _derived(since)
+    obj = json.loads(envelope.to_json(n))
+    expected = {
+        "resourcelist": "http://example.org/resourcelist.xml",
+        "until": "2026-11-22T06:00:00Z",
+    }
+    if since is not None:
+        expected["from"] = "2026-11-22T05:00:00Z"  # omitted, not null, when unknown
+    assert obj["derived"] == expected
+    assert envelope.from_json(envelope.to_json(n)) == n
+    xml = envelope.to_xml(n)
+    (md,) = _change_md(xml)
+    assert md.get(f"{{{envelope.RSNOTIFY_NS}}}derived-until") == "2026-11-22T06:00:00Z"
+    assert (md.get(f"{{{envelope.RSNOTIFY_NS}}}derived-from") is not None) == (since is not None)
+    assert envelope.from_xml(xml, max_bytes=len(xml)).derived == n.derived
+    # A Change List entry says nothing of snapshots, in either form.
+    plain = _sample()
+    assert "derived" not in json.loads(envelope.to_json(plain))
+    assert b"derived" not in envelope.to_xml(plain)
+    assert envelope.from_xml(envelope.to_xml(plain)).derived is None
+
+
+@pytest.mark.parametrize(
+    "derived",
+    [
+        "http://example.org/resourcelist.xml",  # not an object
+        [],
+        {"until": "2026-11-22T06:00:00Z"},  # no resourcelist
+        {"resourcelist": 3, "until": "2026-11-22T06:00:00Z"},
+        {"resourcelist": "http://example.org/rl.xml"},  # no until
+        {"resourcelist": "http://example.org/rl.xml", "until": "yesterday"},
+        {"resourcelist": "http://example.org/rl.xml", "until": "2026-11-22T06:00:00Z", "from": 5},
+        {  # from after until
+            "resourcelist": "http://example.org/rl.xml",
+            "from": "2026-11-22T07:00:00Z",
+            "until": "2026-11-22T06:00:00Z",
+        },
+        {"resourcelist": " http://example.org/rl.xml", "until": "2026-11-22T06:00:00Z"},
+        {"resourcelist": "http://example.org/\x00", "until": "2026-11-22T06:00:00Z"},
+    ],
+)
+def test_a_derived_field_of_the_wrong_shape_is_refused(derived: object) -> None:
+    obj = json.loads(envelope.to_json(_sample()))
+    obj["derived"] = derived
+    with pytest.raises(InvalidNotification, match="derived"):
+        envelope.from_json(envelope.dumps(obj))
+
+
+def test_unknown_keys_inside_derived_are_ignored_and_null_is_absent() -> None:
+    obj = json.loads(envelope.to_json(_derived()))
+    obj["derived"]["parts"] = ["later versions may say more"]
+    assert envelope.from_json(envelope.dumps(obj)) == _derived()
+    obj["derived"] = None
+    assert envelope.from_json(envelope.dumps(obj)).derived is None
+
+
+def test_a_derived_mark_half_carried_in_xml_is_refused() -> None:
+    xml = envelope.to_xml(_derived())
+    no_until = re.sub(rb' \w+:derived-until="[^"]*"', b"", xml)
+    assert no_until != xml
+    with pytest.raises(InvalidNotification, match="derived"):
+        envelope.from_xml(no_until)

@@ -169,6 +169,7 @@ class SnapshotWatcher:
     # -- the CollectionWatcher interface ----------------------------------------------
 
     def list_urls(self) -> list[str]:
+        """The Resource List (or Index) and the parts named at the last read."""
         state = self._state
         parts = [url for url in state.parts if url != self.resourcelist_url] if state else []
         return [self.resourcelist_url, *parts]

@@ -1,6 +1,7 @@
 """The detection loops of one collection: its Change Lists, and its framework.
 
-:meth:`DetectionLoop.watch` polls the collection's Change Lists every
+:meth:`DetectionLoop.watch` polls the collection's Change Lists (or, for a
+Source without any, its Resource List snapshots: the same interface) every
 ``--poll`` seconds (at once when a Source pings or a watched file changes)
 and hands what it finds to the :class:`~.sequencer.Sequencer`.
 :meth:`DetectionLoop.watch_framework` checks the Resource List, Dumps and
@@ -15,11 +16,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from .. import w3cdt
 from ..backoff import Backoff
 from ..cancellation import raise_if_cancelled
-from ..errors import DocumentError, FetchError, LogDiverged
+from ..changes.snapshotwatch import SnapshotWatcher
+from ..errors import CoverageHole, DocumentError, FetchError, LogDiverged
 from ..log import Fenced, LogConflict, LogUnavailable
 from ..metrics import PublisherMetrics
 from .sequencer import CollectionState, Sequencer
@@ -73,11 +76,11 @@ class DetectionLoop:
         reload = False  # after a conflict or an outage (the log may be a failed-over primary)
         while not self.stopping.is_set():
             raise_if_cancelled()  # the log's Redis client may have swallowed a cancellation
+            holes = watcher.holes
             try:
                 if reload:
                     await self.sequencer.reload(collection)
                     reload = False
-                holes = watcher.holes
                 result = await watcher.poll(DETECT_CHUNK)
                 detected = w3cdt.now()
                 self.metrics.bytes_read.labels(collection.id).inc(result.bytes_read)
@@ -97,6 +100,21 @@ class DetectionLoop:
             except Fenced as exc:
                 log.warning("%s; another publisher leads now", exc)
                 return  # the election notices the lost lease and stands down
+            except CoverageHole as exc:
+                if not isinstance(watcher, SnapshotWatcher):
+                    raise  # a publisher's CollectionWatcher only reports holes
+                # The maps of the last snapshot are gone (a wiped state directory,
+                # a flushed Redis): nothing to diff with, so record the snapshot as it
+                # is now and publish from the next change; Destinations re-baseline.
+                self.metrics.coverage_holes.labels(collection.id).inc(watcher.holes - holes)
+                log.warning(
+                    "%s: %s; recording the Resource List as it is now",
+                    collection.id,
+                    exc,
+                    extra={"collection": collection.id},
+                )
+                watcher.reset(replace(watcher.checkpoint, snapshot=None))
+                continue
             except LogDiverged as exc:
                 log.error(
                     "%s; appending to this collection stops (see deploy/README.md, failure model)",
@@ -157,9 +175,10 @@ class DetectionLoop:
                     await self.sequencer.log_framework(collection, state, changes)
                 if first:
                     log.info(
-                        "%s: framework: watching %s and the Change Lists (every %gs)",
+                        "%s: framework: watching %s%s (every %gs)",
                         collection.id,
                         ", ".join(sorted(state.advertised)) or "no other capability",
+                        " and the Change Lists" if watcher.changes is not None else "",
                         interval,
                         extra={"collection": collection.id},
                     )

@@ -16,7 +16,10 @@ What a check reads, and what it costs
     Lists cost nothing more: the collection's
     :class:`~rsnotify.changes.watcher.CollectionWatcher` already reads the
     Change List Index and the lists on every poll, and tells us which lists
-    it saw and which held new entries.
+    it saw and which held new entries.  A collection without Change Lists
+    (its changes derived from Resource List snapshots, issue 23) has no
+    such watcher (``changes=None``): its framework is the Resource List and
+    the Dumps alone.
 
 What becomes a framework change (Table 2 as :mod:`rsnotify.framework` reads it)
     * a document whose bytes changed: ``updated`` (a Resource Dump:
@@ -276,7 +279,7 @@ class FrameworkWatcher:
         access: DocumentAccess,
         collection: str,
         capability_list: str,
-        changes: CollectionWatcher,
+        changes: CollectionWatcher | None,
         state: FrameworkState | None = None,
         limits: sitemap.Limits = sitemap.DEFAULT_LIMITS,
     ) -> None:
@@ -316,8 +319,9 @@ class FrameworkWatcher:
             if change is not None:
                 found.append(change)
         self._pending = dict(self.updated)
-        refs = self.changes.list_refs()
+        refs = self.changes.list_refs() if self.changes is not None else []
         if refs:
+            assert self.changes is not None
             found += changelist_changes(
                 state.changelists if report else None, refs, self.changes.index_url, self._pending
             )

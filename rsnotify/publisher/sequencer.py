@@ -27,6 +27,7 @@ from datetime import datetime
 
 from .. import framework
 from ..cancellation import raise_if_cancelled
+from ..changes.snapshotwatch import SnapshotWatcher
 from ..changes.watcher import CollectionWatcher
 from ..envelope import Notification, to_json
 from ..errors import LogDiverged
@@ -44,13 +45,18 @@ log = logging.getLogger("rsnotify.publish")
 RETENTION_INTERVAL = 60.0  # seconds between applications of age retention
 
 
+#: What detects a collection's changes: its Change Lists, or (a Source that has
+#: none) successive Resource List snapshots, behind one interface.
+Watcher = CollectionWatcher | SnapshotWatcher
+
+
 @dataclass(slots=True)
 class CollectionState:
     """One published collection: its watchers and the heads of its two log streams."""
 
     id: str
     capability_list: str
-    watcher: CollectionWatcher
+    watcher: Watcher
     head: int = 0
     trigger: asyncio.Event = field(default_factory=asyncio.Event)  # poll now (a ping, a file)
     framework: FrameworkWatcher | None = None  # with --websub and --framework-interval
@@ -173,6 +179,7 @@ class Sequencer:
                             changelist=found.changelist,
                             detected=detected,
                             since=previous,
+                            derived=found.derived,
                         )
                     )
                 )
@@ -189,7 +196,8 @@ class Sequencer:
             window = self.pushed.setdefault(collection.id, PushedWindow())
             window.record(head + 1, payloads, committed)
             watcher.commit(checkpoint)
-            if collection.framework is not None:  # a "changelist updated" at the next check
+            if collection.framework is not None and found.derived is None:
+                # A "changelist updated" at the next check (derived changes have no Change List).
                 collection.framework.note_entries(found.changelist, entries[-1].change_time)
             self.metrics.detected.labels(collection.id).inc(len(entries))
             self.metrics.head.labels(collection.id).set(collection.head)

@@ -27,11 +27,12 @@ import contextlib
 import logging
 import signal
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..backoff import Backoff
 from ..changes.access import DirectoryAccess, DocumentAccess, HttpAccess
+from ..changes.snapshotwatch import BlobStore
 from ..collection import collection_id
 from ..errors import RsNotifyError, listening
 from ..fetch import Fetcher
@@ -61,6 +62,7 @@ from .transports import (
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from ..redisurl import Client
     from ..transport.websub import WebSubHub
     from .leader import LeaderElection, Leadership
 
@@ -129,6 +131,7 @@ class Publisher:
         self.healthy = True  # False while detection keeps failing (/healthz, the dashboard)
         self._election: LeaderElection | None = None
         self.is_leader = False
+        self._blob_client: Client | None = None  # --redis: snapshot maps (issue 23)
 
     # -- what runs -------------------------------------------------------------------
 
@@ -201,7 +204,13 @@ class Publisher:
         )
         if role.detects:
             self.collections = await open_collections(
-                config, self.log, self._access, self._fetcher, self.metrics, self._stopping
+                config,
+                self.log,
+                self._access,
+                self._fetcher,
+                self.metrics,
+                self._stopping,
+                blobs=self._redis_blobs() if config.redis else None,
             )
         if config.report and role is not Role.MQTT_GATEWAY:  # for `rsnotify dashboard`
             self._tasks.spawn(PublisherReporter(config.report, self).run(), name="telemetry")
@@ -238,6 +247,26 @@ class Publisher:
             await self._start_leading()
         if config.watch:
             self._start_fs_watch()
+
+    def _redis_blobs(self) -> Callable[[str], BlobStore]:
+        """``--redis``: snapshot maps beside the log, where a standby that takes over finds them.
+
+        One client for every collection, made at the first collection that
+        needs it (most Sources have Change Lists), closed by :meth:`stop`.
+        """
+        from .. import redisurl
+        from ..log.redis_blobs import RedisBlobs
+
+        assert self.config.redis is not None
+
+        def make(cid: str) -> BlobStore:
+            if self._blob_client is None:
+                self._blob_client = redisurl.client(
+                    self.config.redis or "", socket_timeout=5.0, socket_connect_timeout=5.0
+                )
+            return RedisBlobs(self._blob_client, cid)
+
+        return make
 
     async def _serve(self, transport: Transport) -> None:
         await transport.start(self._tasks)
@@ -415,6 +444,8 @@ class Publisher:
             await self._fetcher.close()
         if self.log is not None:
             await self.log.close()
+        if self._blob_client is not None:
+            await self._blob_client.aclose()
 
     async def wait(self) -> None:
         await self._stopping.wait()

@@ -6,6 +6,14 @@ files of a directory Source, read as if it were served at
 :data:`DIRECTORY_ROOT`'s origin.  Each Capability List with a Change List is
 registered in the log, and its head and checkpoint are read back, so a
 restart carries on exactly after the last logged entry.
+
+A Capability List that offers a Resource List (or Resource List Index) and
+no Change List is published too (issue 23): its changes are derived from
+successive snapshots of the Resource List
+(:class:`~rsnotify.changes.snapshotwatch.SnapshotWatcher`), whose maps live
+beside the log (:func:`snapshot_blobs`).  The first read of such a
+collection only records the snapshot, as the first read of a Change List
+starts at its end.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Any, TypeVar
 from .. import discovery, sitemap
 from ..backoff import Backoff
 from ..changes.access import DirectoryAccess, DocumentAccess
+from ..changes.snapshotwatch import BlobStore, DirectoryBlobs, SnapshotWatcher
 from ..changes.watcher import CollectionWatcher
 from ..collection import collection_id
 from ..errors import FetchError, RsNotifyError
@@ -30,7 +39,7 @@ from ..model import Capability
 from ..tracker import Checkpoint
 from .config import PublisherConfig
 from .frameworkwatch import FrameworkWatcher
-from .sequencer import CollectionState
+from .sequencer import CollectionState, Watcher
 from .tasks import pause
 
 log = logging.getLogger("rsnotify.publish")
@@ -106,6 +115,17 @@ class StartupRetry:
                 return result
 
 
+def snapshot_blobs(config: PublisherConfig) -> Callable[[str], BlobStore]:
+    """Where each collection's snapshot maps live without ``--redis``: the state directory.
+
+    ``<state dir>/snapshots/<collection id>/``, beside the SQLite log whose
+    checkpoints name them.  (With ``--redis`` the publisher passes
+    :class:`~rsnotify.log.redis_blobs.RedisBlobs`: a standby must find them.)
+    """
+    root = Path(config.state_dir) / "snapshots"
+    return lambda cid: DirectoryBlobs(root / cid)
+
+
 async def open_collections(
     config: PublisherConfig,
     notification_log: NotificationLog,
@@ -113,8 +133,15 @@ async def open_collections(
     fetcher: Fetcher,
     metrics: PublisherMetrics,
     stopping: asyncio.Event,
+    *,
+    blobs: Callable[[str], BlobStore] | None = None,
 ) -> dict[str, CollectionState]:
-    """Discover the Source (retrying) and open every collection to publish."""
+    """Discover the Source (retrying) and open every collection to publish.
+
+    ``blobs``: the snapshot map store of a collection without Change Lists,
+    by collection id (default: :func:`snapshot_blobs`).
+    """
+    blobs = blobs or snapshot_blobs(config)
     backoff = Backoff(maximum=10.0)
     while True:
         try:
@@ -132,31 +159,53 @@ async def open_collections(
     collections: dict[str, CollectionState] = {}
     for cap in info.capability_lists:
         changelist = cap.capabilities.get(Capability.CHANGELIST)
+        resourcelist = cap.capabilities.get(Capability.RESOURCELIST)
         cid = collection_id(cap.url)
         if wanted and cap.url not in wanted and cid not in wanted:
             continue
-        if changelist is None:
-            log.warning("%s offers no Change List; not published", cap.url)
+        if changelist is None and resourcelist is None:
+            log.warning(
+                "%s offers neither a Change List nor a Resource List; not published", cap.url
+            )
             continue
         await retry(notification_log.register, cid, cap.url)
         checkpoint = Checkpoint.from_json(await retry(notification_log.checkpoint, cid))
         head = await retry(notification_log.head, cid)
-        watcher = CollectionWatcher(
-            access=access,
-            collection=cid,
-            capability_list=cap.url,
-            changelist_url=changelist,
-            checkpoint=checkpoint,
-            from_beginning=config.from_beginning,
-            limits=limits,
-        )
+        watcher: Watcher
+        if changelist is not None:
+            watcher = CollectionWatcher(
+                access=access,
+                collection=cid,
+                capability_list=cap.url,
+                changelist_url=changelist,
+                checkpoint=checkpoint,
+                from_beginning=config.from_beginning,
+                limits=limits,
+            )
+        else:
+            assert resourcelist is not None
+            watcher = SnapshotWatcher(
+                access=access,
+                collection=cid,
+                capability_list=cap.url,
+                resourcelist_url=resourcelist,
+                checkpoint=_snapshot_checkpoint(checkpoint, cid),
+                blobs=blobs(cid),
+                limits=limits,
+            )
+            log.info(
+                "%s offers no Change List: its changes are derived from successive snapshots of %s",
+                cap.url,
+                resourcelist,
+                extra={"collection": cid},
+            )
         collections[cid] = CollectionState(cid, cap.url, watcher, head=head)
         if config.framework_enabled():
             collections[cid].framework = FrameworkWatcher(
                 access=access,
                 collection=cid,
                 capability_list=cap.url,
-                changes=watcher,
+                changes=watcher if isinstance(watcher, CollectionWatcher) else None,
                 limits=limits,
             )
         metrics.head.labels(cid).set(head)
@@ -168,5 +217,24 @@ async def open_collections(
             extra={"collection": cid, "seq": head},
         )
     if not collections:
-        raise RsNotifyError(f"{config.source}: no Capability List with a Change List to publish")
+        raise RsNotifyError(
+            f"{config.source}: no Capability List with a Change List or a Resource List to publish"
+        )
     return collections
+
+
+def _snapshot_checkpoint(checkpoint: Checkpoint, cid: str) -> Checkpoint:
+    """The checkpoint a SnapshotWatcher goes on from (said aloud when it is a Change List's).
+
+    One left by Change Lists (the Source stopped offering them) holds no
+    snapshot: the first read records one, as for a new collection, and what
+    changed between the last Change List entry and that snapshot is not seen.
+    """
+    if checkpoint.snapshot is None and checkpoint.started:
+        log.warning(
+            "%s: the Source no longer offers a Change List; its changes are derived from "
+            "Resource List snapshots from now on",
+            cid,
+            extra={"collection": cid},
+        )
+    return checkpoint
