@@ -36,15 +36,12 @@ from rsnotify import sitemap, w3cdt
 from rsnotify.envelope import Notification, to_json
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.model import ChangeList, ChangeListIndex, ChangeType, Entry
+from rsnotify.publisher.changelists import INDEX_NAME, SEQ, ChangeListSet, list_name
 from rsnotify.publisher.changelistwriter import (
     CURSOR,
-    INDEX_NAME,
-    SEQ,
-    ChangeListSet,
     ChangeListWriter,
     CollectionWriter,
     advice_lines,
-    list_name,
     read_back,
 )
 from rsnotify.publisher.tasks import TaskGroup
@@ -368,7 +365,11 @@ async def test_the_writer_transport_writes_every_collection_and_stops(tmp_path: 
         writer = ChangeListWriter(log, tmp_path / "out", {CID: CAP}, interval=0.0)
         tasks = TaskGroup()
         await writer.start(tasks)
-        await async_wait_for(lambda: writer.writers[CID].changes.seq == 30, timeout=20)
+
+        async def written() -> bool:  # the cursor moves once the files are durable
+            return await log.cursor(CID, CURSOR) == 30
+
+        await async_wait_for(written, timeout=20)
         await writer.stop()
         await tasks.cancel()
         assert [entry_fields(e) for e in written_entries(tmp_path / "out" / CID)] == [
