@@ -168,7 +168,14 @@ class CollectionWriter:
             await asyncio.to_thread(self._write, [(INDEX_NAME, self.changes.render_index())])
             log.info("%s: repaired %s", self.collection, self.directory / INDEX_NAME)
         if not self.changes.lists:  # nothing written yet: start where the cursor says
-            self.changes.seq = await self.log.cursor(self.collection, CURSOR)
+            backoff = Backoff(initial=0.2, maximum=10.0)
+            while True:
+                try:
+                    self.changes.seq = await self.log.cursor(self.collection, CURSOR)
+                    break
+                except LogUnavailable as exc:
+                    log.warning("%s: cannot read the log: %s", self.collection, exc)
+                    await asyncio.sleep(backoff.next())
 
     async def run(self) -> None:
         """Write until cancelled."""
