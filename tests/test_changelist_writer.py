@@ -395,42 +395,9 @@ def logged_records(state: Path) -> list[dict[str, object]]:
     return [json.loads(data) for (data,) in rows]
 
 
-def test_rsnotify_publish_writes_exactly_what_it_logged(
-    tmp_path: Path,
-    served: tuple[Path, str],
-    rsnotify_process: Callable[..., ManagedProcess],
-) -> None:
-    total = 60
-    root, url = served
-    simulator = rsnotify_process(
-        "simulate", "--port", "0", "--quiet", "--resources", "20", "--rate", "40",
-        "--max-changes", str(total), "--changelist-size", "25", "--seed", "23",
-    )  # fmt: skip
-    match = simulator.wait_for_line(r"rsnotify simulate: serving (http://\S+/)$", timeout=20)
-    state = tmp_path / "state"
-    publisher = rsnotify_process(
-        "publish", match.group(1), "--state-dir", str(state), "--poll", "0.1",
-        "--from-beginning", "--write-changelist", str(root),
-        "--write-changelist-base", url, "--write-changelist-size", "7",
-    )  # fmt: skip
-    advice = publisher.wait_for_line(
-        r"advertise <url><loc>(\S+)</loc><rs:md capability=\"changelist\"/></url>", timeout=20
-    )
-    index_url = advice.group(1)
-    assert index_url.startswith(url)
-    collection = index_url[len(url) :].partition("/")[0]
-    directory = root / collection
-
-    def all_written() -> bool:
-        records = logged_records(state)
-        if len(records) < total or not (directory / INDEX_NAME).exists():
-            return False
-        return len(written_entries(directory)) == len(records)
-
-    wait_for(all_written, timeout=60, interval=0.2, message=publisher.tail)
-    records = logged_records(state)
-    assert len(records) == total
-    expected = [
+def expected_from_log(records: list[dict[str, object]]) -> list[tuple[object, ...]]:
+    """The fields of each logged envelope, as :func:`entry_fields` gives them."""
+    return [
         (
             r["loc"],
             r["change"],
@@ -441,8 +408,101 @@ def test_rsnotify_publish_writes_exactly_what_it_logged(
         )
         for r in records
     ]
+
+
+def start_publishing(
+    run: Callable[..., ManagedProcess], tmp_path: Path, url: str, root: Path, total: int
+) -> tuple[ManagedProcess, Path, str]:
+    """A simulated Source making ``total`` changes at 40/s and a publisher writing its log.
+
+    Returns the publisher, its state directory and the index URL it advised.
+    """
+    simulator = run(
+        "simulate", "--port", "0", "--quiet", "--resources", "20", "--rate", "40",
+        "--max-changes", str(total), "--changelist-size", "25", "--seed", "23",
+    )  # fmt: skip
+    match = simulator.wait_for_line(r"rsnotify simulate: serving (http://\S+/)$", timeout=20)
+    state = tmp_path / "state"
+    publisher = run(
+        "publish", match.group(1), "--state-dir", str(state), "--poll", "0.1",
+        "--from-beginning", "--write-changelist", str(root),
+        "--write-changelist-base", url, "--write-changelist-size", "7",
+    )  # fmt: skip
+    advice = publisher.wait_for_line(
+        r"advertise <url><loc>(\S+)</loc><rs:md capability=\"changelist\"/></url>", timeout=20
+    )
+    assert advice.group(1).startswith(url)
+    return publisher, state, advice.group(1)
+
+
+def wait_all_written(publisher: ManagedProcess, state: Path, directory: Path, total: int) -> None:
+    def all_written() -> bool:
+        records = logged_records(state)
+        if len(records) < total or not (directory / INDEX_NAME).exists():
+            return False
+        return len(written_entries(directory)) >= len(records)
+
+    wait_for(all_written, timeout=60, interval=0.2, message=publisher.tail)
+
+
+def test_rsnotify_publish_writes_exactly_what_it_logged(
+    tmp_path: Path,
+    served: tuple[Path, str],
+    rsnotify_process: Callable[..., ManagedProcess],
+) -> None:
+    total = 60
+    root, url = served
+    publisher, state, index_url = start_publishing(rsnotify_process, tmp_path, url, root, total)
+    directory = root / index_url[len(url) :].partition("/")[0]
+    wait_all_written(publisher, state, directory, total)
+    records = logged_records(state)
+    assert len(records) == total
+    expected = expected_from_log(records)
     assert [entry_fields(e) for e in written_entries(directory)] == expected
     assert [resync_fields(r) for r in resync_read(index_url)] == expected
     index = sitemap.parse(directory / INDEX_NAME)
     assert len(index) == -(-total // 7)
     assert publisher.running, publisher.tail()
+
+
+def test_a_publisher_killed_while_writing_resumes_without_repeating_an_entry(
+    tmp_path: Path,
+    served: tuple[Path, str],
+    rsnotify_process: Callable[..., ManagedProcess],
+) -> None:
+    total = 160
+    root, url = served
+    publisher, state, index_url = start_publishing(rsnotify_process, tmp_path, url, root, total)
+    directory = root / index_url[len(url) :].partition("/")[0]
+    wait_for(
+        lambda: (directory / INDEX_NAME).exists() and len(written_entries(directory)) >= 40,
+        timeout=30,
+        interval=0.05,
+        message=publisher.tail,
+    )
+    publisher.kill()  # SIGKILL: no drain, no goodbye
+    killed_at = len(written_entries(directory))
+    assert killed_at < total, "the Source must still be changing when the publisher dies"
+    publisher.start()
+    wait_all_written(publisher, state, directory, total)
+    records = logged_records(state)
+    assert len(records) == total
+    expected = expected_from_log(records)
+    assert [entry_fields(e) for e in written_entries(directory)] == expected
+    assert [resync_fields(r) for r in resync_read(index_url)] == expected
+    assert publisher.running, publisher.tail()
+
+
+def test_write_changelist_options_that_cannot_work_are_refused(
+    rsnotify_process: Callable[..., ManagedProcess],
+) -> None:
+    source = "https://source.example.org/"
+    cases = [
+        (["--write-changelist-base", "http://x.example/"], "need --write-changelist DIR"),
+        (["--write-changelist", "d", "--write-changelist-size", "50001"], "at most 50000"),
+        (["--write-changelist", "d", "--ws-only", "--redis", "redis://127.0.0.1:1/0"], "not with"),
+    ]
+    for argv, said in cases:
+        process = rsnotify_process("publish", source, *argv)
+        assert process.wait(timeout=20) == 2, process.tail()
+        assert said in process.output(), process.tail()

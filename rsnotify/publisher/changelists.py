@@ -271,6 +271,8 @@ class ChangeListSet:
             known[number] = Entry(
                 loc=self.list_url(number), from_=document.from_, until=document.until
             )
+        if lists:  # an index entry past the newest list on disk names nothing written
+            known = {number: e for number, e in known.items() if number <= max(lists)}
         for number, entry in sorted(known.items()):
             if number != max(known) and entry.until is None:
                 raise RsNotifyError(f"Change List {entry.loc} is open but not the newest")
