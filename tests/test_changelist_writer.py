@@ -499,7 +499,7 @@ def test_write_changelist_options_that_cannot_work_are_refused(
     source = "https://source.example.org/"
     cases = [
         (["--write-changelist-base", "http://x.example/"], "need --write-changelist DIR"),
-        (["--write-changelist", "d", "--write-changelist-size", "50001"], "at most 50000"),
+        (["--write-changelist", "d", "--write-changelist-size", "50001"], "at most 50000 entries"),
         (["--write-changelist", "d", "--ws-only", "--redis", "redis://127.0.0.1:1/0"], "not with"),
     ]
     for argv, said in cases:

@@ -65,6 +65,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _changelist_size(text: str) -> int:
+    value = argtypes.positive_int(text)
+    if value > 50_000:
+        raise argparse.ArgumentTypeError(
+            f"a Change List holds at most 50000 entries (Z39.99 section 7), got {value}"
+        )
+    return value
+
+
 def _secret_bytes(text: str | None) -> bytes | None:
     return text.encode() if text else None
 
@@ -324,7 +333,7 @@ CHANGELIST = Group(
     ),
     option(
         "--write-changelist-size",
-        type=argtypes.positive_int,
+        type=_changelist_size,
         default=50_000,
         metavar="N",
         help="entries per Change List before a new one starts (default and most: 50000)",
@@ -411,13 +420,6 @@ def run(args: argparse.Namespace) -> int:
         print(
             "rsnotify publish: --write-changelist writes what the detecting publisher logs: "
             "not with --ws-only or --mqtt-only",
-            flush=True,
-        )
-        return 2
-    if args.write_changelist_size > 50_000:
-        print(
-            "rsnotify publish: --write-changelist-size: a Change List holds at most 50000 "
-            "entries (Z39.99 section 7)",
             flush=True,
         )
         return 2
