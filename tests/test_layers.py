@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "rsnotify.logs",
             "rsnotify.metrics",
             "rsnotify.sqlitedb",
+            "rsnotify.durable",  # atomic, durable small-file writes
             "rsnotify.spare",
             "rsnotify.options",  # declarative command-line options (argparse, no ResourceSync)
             "rsnotify.configfile",  # TOML with line numbers

@@ -65,6 +65,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _changelist_size(text: str) -> int:
+    value = argtypes.positive_int(text)
+    if value > 50_000:
+        raise argparse.ArgumentTypeError(
+            f"a Change List holds at most 50000 entries (Z39.99 section 7), got {value}"
+        )
+    return value
+
+
 def _secret_bytes(text: str | None) -> bytes | None:
     return text.encode() if text else None
 
@@ -307,6 +316,29 @@ PUSH = Group(
         help="key id sent with signatures (for rotation)",
     ),
 )
+CHANGELIST = Group(
+    "writing a Change List",
+    option(
+        "--write-changelist",
+        metavar="DIR",
+        help="write every logged notification into a Change List Index and Change Lists "
+        "under DIR/<collection id>/ (Z39.99 section 12), for a Source that has none; serve "
+        "DIR and advertise the index as printed at start-up",
+    ),
+    option(
+        "--write-changelist-base",
+        type=argtypes.http_url,
+        metavar="URL",
+        help="the URL DIR is served at (default: the directory of each Capability List)",
+    ),
+    option(
+        "--write-changelist-size",
+        type=_changelist_size,
+        default=50_000,
+        metavar="N",
+        help="entries per Change List before a new one starts (default and most: 50000)",
+    ),
+)
 HA = Group(
     "high availability",
     flag(
@@ -345,6 +377,7 @@ OPTIONS = Options(
     WHERE,
     WATCH,
     PUSH,
+    CHANGELIST,
     httpoptions.HTTP,
     HA,
     OPS,
@@ -378,6 +411,18 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 2
+    if (args.write_changelist_base or args.write_changelist_size != 50_000) and not (
+        args.write_changelist
+    ):
+        print("rsnotify publish: --write-changelist-* need --write-changelist DIR", flush=True)
+        return 2
+    if args.write_changelist and (args.ws_only or args.mqtt_only):
+        print(
+            "rsnotify publish: --write-changelist writes what the detecting publisher logs: "
+            "not with --ws-only or --mqtt-only",
+            flush=True,
+        )
+        return 2
     if args.websub_allow_callback:
         from ..transport.websubguard import CallbackPolicy
 
@@ -386,9 +431,9 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"rsnotify publish: {exc}", flush=True)
             return 2
-    if not (args.mqtt or args.ws or args.websub):
+    if not (args.mqtt or args.ws or args.websub or args.write_changelist):
         print(
-            "rsnotify publish: note: no --mqtt, --ws or --websub given; "
+            "rsnotify publish: note: no --mqtt, --ws, --websub or --write-changelist given; "
             "notifications are only logged",
             flush=True,
         )

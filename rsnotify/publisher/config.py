@@ -93,6 +93,11 @@ class PublisherConfig:
     mqtt_protocol: str = "auto"  # "auto" (5, falling back to 3.1.1 when refused), "5", "3.1.1"
     legacy_topics: bool = False  # MQTT topics <prefix>/<collection id>/... (see transport.topics)
     write_hubs: bool = False  # directory SOURCE: add the hub links to the Capability Lists
+    # Write each collection's log as a Change List (Index) under DIR/<collection id>/
+    # (rsnotify.publisher.changelistwriter), served at BASE/<collection id>/.
+    write_changelist: str | None = None
+    write_changelist_base: str | None = None  # default: the Capability List's directory
+    write_changelist_size: int = 50_000  # entries per Change List (section 7's limit)
     report: str | None = None  # redis:// URL: heartbeat and heads for `rsnotify dashboard`
     ha: bool = False  # campaign for leadership through Redis; only the leader publishes
     ha_group: str | None = None  # publishers of one Source share a group (default: from SOURCE)

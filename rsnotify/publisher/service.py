@@ -43,8 +43,9 @@ from ..outbound import Renderer, Signer
 from ..report import PublisherReporter
 from . import fswatch
 from .advertisement import Advertisement, write_capability_lists
+from .changelistwriter import ChangeListWriter, advice_lines
 from .config import PublisherConfig, Role, role_of
-from .console import running_lines, say
+from .console import PREFIX, running_lines, say
 from .detection import DetectionLoop
 from .sequencer import CollectionState, Sequencer
 from .startup import is_directory, open_collections
@@ -331,6 +332,16 @@ class Publisher:
             term.tasks.spawn(self._lead_websub(term), name="WebSub hub start-up")
         else:
             await self._start_hub_pusher(term)
+        if config.write_changelist:  # one more log consumer; the leader alone owns DIR
+            await term.start(
+                ChangeListWriter(
+                    self.log,
+                    config.write_changelist,
+                    self._capability_lists(),
+                    base=config.write_changelist_base,
+                    max_entries=config.write_changelist_size,
+                )
+            )
         if self.role is Role.MQTT_GATEWAY:
             assert mqtt is not None  # role_of: --mqtt-only has --mqtt
             term.detection.spawn(
@@ -468,6 +479,13 @@ async def run(config: PublisherConfig, *, ready: asyncio.Event | None = None) ->
         publisher._capability_lists(),
         metrics_port=publisher.metrics_port,
     )
+    if config.write_changelist:
+        lines += advice_lines(
+            publisher._capability_lists(),
+            config.write_changelist,
+            config.write_changelist_base,
+            PREFIX,
+        )
     for line in lines:
         say(line)
     if config.write_hubs:
