@@ -1,5 +1,9 @@
 """Which Change List entries are new since the checkpoint (pure, no I/O).
 
+(Why one module of ~570 lines: the checkpoint, its in-order and unordered
+forms and its snapshot position are one value that every detection and
+every cursor reads and writes; splitting it would split its JSON format.)
+
 The Change List is the source of truth, and a Destination locates its place
 in it by (change time, loc) (section 12.1).  The publisher does the same: its
 checkpoint is the Change List it is reading, the change time of the last
