@@ -486,20 +486,7 @@ def _entry_of(n: Notification) -> Entry:
         hash=n.hash,
         length=n.length,
         type=n.type,
-        links=[
-            Link(
-                rel=d["rel"],
-                href=d["href"],
-                hash=d.get("hash"),
-                length=d.get("length"),
-                path=d.get("path"),
-                type=d.get("type"),
-                pri=d.get("pri"),
-                encoding=d.get("encoding"),
-                modified=w3cdt.parse(d["modified"]) if d.get("modified") else None,
-            )
-            for d in n.links
-        ],
+        links=[link_of(d) for d in n.links],
         md_extra=extra,
     )
 
@@ -772,3 +759,18 @@ def verify(payload: bytes, signature: str | None, keys: Mapping[str, bytes]) -> 
     # compare_digest raises TypeError on non-ASCII str; a forged digest may be anything.
     if not digest.isascii() or not hmac.compare_digest(expected, digest):
         raise SignatureError("signature does not match the payload")
+
+
+def link_of(d: Mapping[str, Any]) -> Link:
+    """A notification's link (its JSON form) as a :class:`~rsnotify.model.Link`."""
+    return Link(
+        rel=d["rel"],
+        href=d["href"],
+        hash=d.get("hash"),
+        length=d.get("length"),
+        path=d.get("path"),
+        type=d.get("type"),
+        pri=d.get("pri"),
+        encoding=d.get("encoding"),
+        modified=w3cdt.parse(d["modified"]) if d.get("modified") else None,
+    )

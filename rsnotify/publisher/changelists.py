@@ -60,8 +60,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urljoin
 
-from .. import sitemap, sitemapwriter, w3cdt
-from ..envelope import RSNOTIFY_NS, Notification, entry_fragment
+from .. import sitemap, sitemapwriter
+from ..envelope import RSNOTIFY_NS, Notification, entry_fragment, link_of
 from ..errors import RsNotifyError
 from ..model import ChangeType, Document, Entry, Link, Root, make_document
 
@@ -102,20 +102,7 @@ def base_url(capability_list: str, collection: str, base: str | None) -> str:
 
 def _entry(n: Notification, when: dt.datetime) -> Entry:
     """A notification as a Change List entry at change time ``when``."""
-    links = [
-        Link(
-            rel=d["rel"],
-            href=d["href"],
-            hash=d.get("hash"),
-            length=d.get("length"),
-            path=d.get("path"),
-            type=d.get("type"),
-            pri=d.get("pri"),
-            encoding=d.get("encoding"),
-            modified=w3cdt.parse(d["modified"]) if d.get("modified") else None,
-        )
-        for d in n.links
-    ]
+    links = [link_of(d) for d in n.links]
     return Entry(
         loc=n.loc,
         lastmod=n.lastmod if n.lastmod is not None else n.datetime,
