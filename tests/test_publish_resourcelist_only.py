@@ -19,6 +19,7 @@ round, whose polls the Source answers ``304``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -242,6 +243,7 @@ class Scenario:
         self.expected: list[dict[str, Any]] = []
         self.snapshot: dict[str, State] = {}
         self.snapshot_at = source.at
+        self.resumed: set[int] = set()  # seqs logged first by a publisher started mid-diff
 
     def _tail(self) -> str:
         return self.publisher.tail() + "\n-- http.server --\n" + self.server.log_text()[-2000:]
@@ -289,6 +291,15 @@ class Scenario:
         ]
         assert got == self.expected
         assert all(obj["changelist"] == self.source.resourcelist for _, obj in records)
+        # Change Notification intervals chain: each change's "from" is the datetime
+        # of the change logged before it (absent when that is not earlier), across
+        # batches and detection passes too.  ``resumed``: the first seq a publisher
+        # started mid-diff logged, whose predecessor it cannot know.
+        for (_, before), (seq, obj) in itertools.pairwise(records):
+            if seq in self.resumed:
+                continue
+            chained = before["datetime"] if before["datetime"] < obj["datetime"] else None
+            assert obj.get("from") == chained, (seq, before, obj)
 
     def wait_polls(self, count: int = 3) -> None:
         """The publisher polled ``count`` more times and the idle Source answered 304."""
@@ -495,6 +506,9 @@ def test_a_diff_longer_than_a_detection_pass_is_logged_whole_across_a_kill(
 ) -> None:
     """4,500 creations: three detection passes (``more``), appended 1,000 at a time.
 
+    Ten share each second, so every 1,000th falls on a new second: the
+    Change Notification intervals must chain across those batch boundaries.
+
     The publisher is killed (-9) once the log holds some of them (here,
     every run: after the first 1,000); the one started after it resumes inside
     the same diff (the checkpoint's half-consumed position): every change
@@ -509,11 +523,12 @@ def test_a_diff_longer_than_a_detection_pass_is_logged_whole_across_a_kill(
     scenario.wait_recorded()
     at = source.at
     for i in range(4500):
-        source.put(f"bulk{i:05}.txt", f"bulk {i}", at + timedelta(seconds=i % 500))
+        source.put(f"bulk{i:05}.txt", f"bulk {i}", at + timedelta(seconds=i % 450))
     scenario.publish_round()
     wait_for(lambda: len(reader.records()) >= 1000, TIMEOUT, interval=0.005)
     scenario.publisher.kill()
     partial = len(reader.records())
+    scenario.resumed.add(partial + 1)
     scenario.publisher = scenario.start_publisher()
     scenario.wait_logged()
     scenario.wait_polls()

@@ -71,6 +71,20 @@ def messages(process: ManagedProcess, needle: str) -> list[str]:
     return found
 
 
+def refusals(subscriber: ManagedProcess) -> list[tuple[int, int]]:
+    """(first seq missing, earliest the log holds) of every gap_too_old the subscriber logged."""
+    found = []
+    for message in messages(subscriber, "log no longer holds seq "):
+        first, earliest = re.findall(r"\d+", message.split("log no longer holds seq ", 1)[1])[:2]
+        found.append((int(first), int(earliest)))
+    return found
+
+
+def outage_refused(subscriber: ManagedProcess, cut_at: int) -> bool:
+    """Whether a gap_too_old covered the first seq logged after the cut (cut_at + 1)."""
+    return any(first <= cut_at + 1 < earliest for first, earliest in refusals(subscriber))
+
+
 def hub_head(hub: str, collection: str) -> int:
     """The collection's head as the hub's topic reports it (waiting out a restarting hub)."""
 
@@ -232,11 +246,15 @@ def test_websub_subscriber_converges_under_faults(
             message="the log did not move past the outage",
         )
         at(1300 + 2 * RETAIN, "callback reachable", relay.up)
-        # The hub's gap_too_old must reach a running subscriber before it is killed again.
+        # The hub's gap_too_old for *this* outage must reach a running subscriber
+        # before it is killed again (an earlier one, from the first kill, does not count).
         wait_for(
-            lambda: messages(subscriber, "log no longer holds seq "),
+            lambda: outage_refused(subscriber, cut_at),
             timeout=60,
-            message=lambda: f"no gap_too_old reached the subscriber\n{subscriber.tail()}",
+            message=lambda: (
+                f"no gap_too_old for the outage after head {cut_at} reached the subscriber: "
+                f"{refusals(subscriber)}\n{subscriber.tail()}"
+            ),
         )
         # Three subscriber kills in all, as in the other transports' convergence test.
         at(2100, "kill -9 subscriber", subscriber.kill)
@@ -279,12 +297,9 @@ def test_websub_subscriber_converges_under_faults(
     assert messages(publisher, "beyond retention"), "the hub never sent gap_too_old"
     # Push did not bridge the outage: the first seq logged after the cut
     # (cut_at + 1, the head being read after it) was refused by a gap_too_old.
-    refused = [
-        tuple(int(n) for n in re.findall(r"\d+", m.split("log no longer holds seq ", 1)[1])[:2])
-        for m in messages(subscriber, "log no longer holds seq ")
-    ]
-    assert any(first <= cut_at + 1 < earliest for first, earliest in refused), (
-        f"the callback's outage did not end in gap_too_old: {refused}, head {cut_at} at the cut"
+    assert outage_refused(subscriber, cut_at), (
+        f"the callback's outage did not end in gap_too_old: {refusals(subscriber)}, "
+        f"head {cut_at} at the cut"
     )
     # ... and the subscriber caught up from the Change List Index.
     catchups = messages(subscriber, "from the Change List Index in")

@@ -62,6 +62,9 @@ class CollectionState:
     framework: FrameworkWatcher | None = None  # with --websub and --framework-interval
     framework_head: int = 0
     framework_trigger: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The change time of the last entry this process logged: the ``since`` of the next
+    #: (None after a start: the checkpoint's ``last_time`` stands in).
+    last_change: datetime | None = None
 
 
 class Sequencer:
@@ -94,6 +97,7 @@ class Sequencer:
         await self.reconcile(collection)
         checkpoint = Checkpoint.from_json(await self.log.checkpoint(collection.id))
         collection.head = await self.log.head(collection.id)
+        collection.last_change = None  # what another publisher logged is not known here
         collection.watcher.reset(checkpoint)
 
     async def reconcile(self, collection: CollectionState) -> None:
@@ -164,9 +168,11 @@ class Sequencer:
             checkpoint = found.checkpoints[start + len(entries) - 1]
             head = collection.head
             # Each change remembers the one logged before it: the start of its
-            # Change Notification interval (see rsnotify.envelope).  The
-            # watcher's checkpoint is the one committed with the previous batch.
-            previous = watcher.checkpoint.last_time
+            # Change Notification interval (see rsnotify.envelope).  Not the
+            # checkpoint's last_time: a Resource List snapshot's checkpoints
+            # carry its ``at`` (later than the changes it still holds), so
+            # intervals would not chain across batches.
+            previous = collection.last_change or watcher.checkpoint.last_time
             payloads = []
             for i, entry in enumerate(entries, start=1):
                 payloads.append(
@@ -193,6 +199,7 @@ class Sequencer:
                 fence=self.fence,
                 max_len=self.retention.max_len,
             )
+            collection.last_change = previous
             window = self.pushed.setdefault(collection.id, PushedWindow())
             window.record(head + 1, payloads, committed)
             watcher.commit(checkpoint)
