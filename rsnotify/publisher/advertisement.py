@@ -18,8 +18,8 @@ now (the options, the bound WebSocket port, the running hub);
 
 from __future__ import annotations
 
+import io
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,6 +27,7 @@ from typing import Protocol
 from .. import framework, sitemap
 from ..changes.access import DirectoryAccess
 from ..discovery.channels import CHANNEL_REL, PUSH_SCHEMES
+from ..durable import write_file
 from ..envelope import FRAMEWORK_CAPABILITY, NOTIFICATION_CAPABILITY, OBSOLETE_CAPABILITY
 from ..model import Document, Entry, Link
 from .config import PublisherConfig
@@ -154,10 +155,7 @@ def write_capability_lists(
         document = sitemap.parse(path)
         if not with_channels(document, advertisement.hub_links(cid), advertisement.channels(cid)):
             continue
-        temp = path.with_name(f".{path.name}.rsnotify-tmp")
-        with open(temp, "wb") as handle:
-            sitemap.write(document, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
+        text = io.BytesIO()
+        sitemap.write(document, text)
+        write_file(path, text.getvalue(), mode=0o666)  # readable as open() makes it (umask)
         log.info("advertised the push channels in %s", path)

@@ -66,7 +66,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -80,6 +79,7 @@ from aiohttp import web
 from .. import framework, w3cdt
 from ..backoff import Backoff
 from ..discovery import websub_channels
+from ..durable import write_file
 from ..envelope import InvalidNotification
 from ..errors import RsNotifyError
 from ..transport import websubproto as proto
@@ -146,13 +146,7 @@ def load_secret(state_dir: Path) -> bytes:
     except FileNotFoundError:
         pass
     secret = secrets.token_hex(32).encode()
-    temp = path.with_suffix(".tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(secret)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
+    write_file(path, secret)  # owner-only: it signs what the hub delivers
     return secret
 
 
