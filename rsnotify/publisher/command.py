@@ -135,7 +135,8 @@ WATCH = Group(
     flag(
         "--from-beginning",
         help="on first run, publish every entry already in the Change Lists "
-        "(default: start at their current end)",
+        "(default: start at their current end; a collection with only a Resource "
+        "List has no history: its first snapshot is recorded, not published)",
     ),
     repeated(
         "--collection",
