@@ -19,11 +19,12 @@ import pytest
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
-from rsnotify import argtypes, report
+from rsnotify import argtypes, redisurl, report
 from rsnotify.collection import collection_id
 from rsnotify.dashboard.collector import Collector
 from rsnotify.dashboard.state import DashboardState
 from rsnotify.errors import CursorStoreUnavailable, LogConflict, LogUnavailable
+from rsnotify.log.redis_blobs import RedisBlobs, snapshots_key
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.publisher.leader import LeaderElection
 from rsnotify.redisurl import ClusterTarget, parse_cluster
@@ -151,11 +152,25 @@ def _pending(node: object, cid: str) -> int:
 
 
 async def test_the_log_follows_a_failover(redis_cluster: RedisCluster) -> None:
+    """The log, and the snapshot maps its checkpoints name, survive a primary's failover.
+
+    A map is written before the append whose checkpoint names it; the append
+    waits for a replica, and Redis replicates in order, so the new primary
+    holds the map too (rsnotify.log.redis_blobs).
+    """
     cluster = redis_cluster
     names = _spread(cluster, 3)
+    blob_client = redisurl.client(cluster.url, socket_timeout=1.0)
+    maps = {cid: RedisBlobs(blob_client, cid) for cid in names}
     async with RedisLog(cluster.url, socket_timeout=1.0, wait_replicas=1) as log:
         for cid in names:
+            await maps[cid].put("old", b"map of " + cid.encode())
+            await maps[cid].put("named", b"map named by " + cid.encode())
             assert await log.append(cid, [b"one", b"two"], expected_head=0, checkpoint="1") == 2
+            # In the collection's slot, on the primary that holds its log.
+            owner = cluster.primary_for(f"rsn:{{{cid}}}:log")
+            stored = owner.call("HGET", snapshots_key(cid), "named")
+            assert stored == b"map named by " + cid.encode()
         victim = cluster.primary_for(f"rsn:{{{names[0]}}}:log")
         failed = await asyncio.to_thread(cluster.fail_over, victim)
         assert cluster.primary_for(f"rsn:{{{names[0]}}}:log") is failed.new
@@ -171,6 +186,11 @@ async def test_the_log_follows_a_failover(redis_cluster: RedisCluster) -> None:
             await async_wait_for(lambda c=cid: append_again(c), timeout=20, interval=0.1)
             assert [r.data for r in await log.read(cid, 0)] == [b"one", b"two", b"three"]
             assert await log.checkpoint(cid) == "2"
+            assert await maps[cid].get("named") == b"map named by " + cid.encode()
+            await maps[cid].keep({"named"})
+            assert await maps[cid].get("old") is None
+            assert await maps[cid].get("named") is not None
+    await blob_client.aclose()
 
 
 async def test_every_component_works_on_a_cluster_through_a_failover(
