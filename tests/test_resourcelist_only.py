@@ -18,6 +18,14 @@ unchanged length) exercise the other fingerprint.  ``python -m http.server``
 (``Last-Modified`` only) is the acceptance's server; nginx (strong ETag) runs
 one variant too.
 
+The push half runs the real ``rsnotify publish`` on the same Source (it
+diffs successive snapshots into notifications marked ``derived``) and a
+``rsnotify subscribe --via`` that follows it over WebSocket or a private
+Mosquitto, both shapes on both transports, signed and unsigned: after each
+of five rounds the mirror equals the Source by SHA-256, and the apply log
+shows every change of the round applied from its derived notification (the
+subscriber re-reads the list only hourly, and never did).
+
 The smoke tests check the Source itself: every document it writes parses
 with :func:`rsnotify.sitemap.parse` and with resync 2.0.1, and a round that
 changes one part leaves the other parts' bytes and dates alone.
@@ -25,6 +33,7 @@ changes one part leaves the other parts' bytes and dates alone.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import random
@@ -41,8 +50,10 @@ from resync.mapper import Mapper
 from resync.sitemap import Sitemap
 
 from rsnotify import sitemap
+from rsnotify.collection import collection_id
 from rsnotify.model import Root
-from tests.devstack import HttpServer, ManagedProcess, Nginx, wait_for
+from tests.devstack import HttpServer, ManagedProcess, Nginx, free_port, wait_for
+from tests.helpers import messages, read_apply_log
 from tests.rlsource import (
     CAPABILITY_LIST,
     DESCRIPTION,
@@ -52,6 +63,7 @@ from tests.rlsource import (
     Round,
     requests,
 )
+from tests.test_publish_resourcelist_only import SQLiteReader
 
 RunProcess = Callable[..., ManagedProcess]
 ROUNDS = 5
@@ -246,3 +258,175 @@ def test_once_mirrors_a_resource_list_only_source_round_after_round(
             assert {"one-part", "move", "spread"} <= set(kinds), kinds
     finally:
         server.stop()
+
+
+# --- the Destination on push -------------------------------------------------------------
+
+PUSH_VARIANTS = [
+    pytest.param("list", "ws", None, id="list-ws-unsigned"),
+    pytest.param("list", "mqtt", "k7=push-secret", id="list-mqtt-signed"),
+    pytest.param("index", "ws", "k7=push-secret", id="index-ws-signed"),
+    pytest.param("index", "mqtt", None, id="index-mqtt-unsigned"),
+]
+Change = tuple[str, str]  # (loc, created | updated | deleted)
+
+
+def _wait_mirrored(
+    source: ResourceListSource, mirror: Path, label: str, *processes: ManagedProcess
+) -> None:
+    """Wait until ``mirror`` equals the Source by SHA-256; else fail with the processes' tails."""
+    last: list[str] = []
+
+    def equal() -> bool:
+        last[:] = source.differences(mirror)
+        return not last
+
+    wait_for(
+        equal,
+        30,
+        interval=0.05,
+        message=lambda: (
+            f"{label}: the mirror differs: {last[:5]}\n"
+            + "\n".join(f"-- {p.name} --\n{p.tail()}" for p in processes)
+        ),
+    )
+
+
+def _pushed(mirror: Path, log: SQLiteReader, resource_list: str, after: int) -> dict[Change, int]:
+    """(loc, change) -> seq of what the subscriber applied from a notification after ``after``.
+
+    A change found by reading the Resource List has no sequence number in the
+    apply log; one applied from push has its notification's, which must be a
+    notification of the publisher's log, for the same change, derived from
+    ``resource_list``'s snapshots.
+    """
+    notified = dict(log.records())
+    found: dict[Change, int] = {}
+    for record in asyncio.run(read_apply_log(mirror)):
+        if record.seq is None or record.seq <= after:
+            continue
+        if record.outcome not in ("applied", "deleted"):
+            continue
+        change = (record.loc, record.change.value)
+        notification = notified[record.seq]
+        assert (notification["loc"], notification["change"]) == change, (record, notification)
+        assert notification["derived"]["resourcelist"] == resource_list, notification
+        found[change] = record.seq
+    return found
+
+
+def _wait_pushed(
+    mirror: Path, log: SQLiteReader, resource_list: str, want: set[Change], after: int, label: str
+) -> int:
+    """Wait until every change in ``want`` was applied from push after seq ``after``.
+
+    Returns the newest seq among them.  The apply log's row lands just after
+    the file, so the mirror may equal the Source a moment before.
+    """
+    got: dict[Change, int] = {}
+
+    def arrived() -> bool:
+        got.update(_pushed(mirror, log, resource_list, after))
+        return want <= got.keys()
+
+    wait_for(
+        arrived,
+        10,
+        interval=0.05,
+        message=lambda: f"{label}: not applied from push: {sorted(want - got.keys())[:5]}",
+    )
+    return max(got[change] for change in want)
+
+
+@pytest.mark.parametrize(("mode", "transport", "secret"), PUSH_VARIANTS)
+def test_push_keeps_the_mirror_of_a_resource_list_only_source_round_after_round(
+    tmp_path: Path,
+    rsnotify_process: RunProcess,
+    request: pytest.FixtureRequest,
+    mode: Mode,
+    transport: str,
+    secret: str | None,
+) -> None:
+    """Issue 23's push half: ``rsnotify publish`` diffs the snapshots, ``subscribe`` follows.
+
+    The subscriber re-reads the Resource List only every hour, and neither a
+    heartbeat nor a safety poll makes it walk in this test's time (nor does
+    the quiet walk behind push, 30 s after the start-up's: a run takes a few
+    seconds), so a mirror that keeps up round after round was kept up by
+    push.  Checked round by round in the apply log: every change of the round
+    was applied under the sequence number of a derived notification for
+    exactly that change, newer than the last round's (a change found by
+    reading the list has none); and at the end the subscriber logged no walk
+    of the Resource List but its start-up's.
+
+    Unsigned push is a hint (SECURITY.md): each pushed deletion is confirmed
+    at the Source (404) before the file goes.  The Source removes a file just
+    after the lists stop naming it, far sooner than a poll, a diff and a push
+    take, so the confirmation finds it gone.  The signed variants apply what
+    they are told.
+    """
+    with HttpServer(tmp_path / "http.server", tmp_path / "www") as server:
+        source = ResourceListSource(tmp_path / "www", server.url, mode=mode)
+        rng = random.Random(2325)
+        source.publish(rng)
+        cid = collection_id(source.capability_list)
+        state, mirror = tmp_path / "publisher", tmp_path / "mirror"
+        publish: list[str | Path] = [
+            "publish", source.capability_list, "--state-dir", state, "--poll", "0.1",
+            "--heartbeat", "1",
+        ]  # fmt: skip
+        if transport == "ws":
+            port = free_port()
+            publish += ["--ws", f"127.0.0.1:{port}"]
+            via = f"ws://127.0.0.1:{port}"
+        else:
+            via = request.getfixturevalue("mosquitto").url
+            publish += ["--mqtt", via]
+        signing: list[str] = []
+        if secret is not None:
+            key_id, key = secret.split("=")
+            publish += ["--secret", key, "--secret-id", key_id]
+            signing = ["--secret", secret]
+        publisher = rsnotify_process(*publish, name="publish")
+        log = SQLiteReader(state, cid)
+        wait_for(  # its first read records the snapshot the rounds are diffed from
+            lambda: '"snapshot"' in (log.checkpoint() or ""),
+            30,
+            interval=0.05,
+            message=lambda: "the publisher never recorded the snapshot\n" + publisher.tail(),
+        )
+        subscriber = rsnotify_process(
+            "subscribe", source.base, "--into", str(mirror), "--via", via,
+            "--resourcelist-poll", "3600", "--heartbeat-timeout", "600", "--safety-poll", "600",
+            "--log-format", "json", *signing, name="subscribe",
+        )  # fmt: skip
+
+        def events() -> list[str]:
+            """The engine's events, ``<kind>: <detail>`` (logged as ``<collection>: …``)."""
+            prefix = f"{cid}: "
+            return [m.removeprefix(prefix) for m in messages(subscriber, prefix)]
+
+        # Its channel connected (an event handled once live): pushes from now on reach it.
+        wait_for(
+            lambda: any(e.startswith("connected: ") for e in events()) or not subscriber.running,
+            60,
+            message=lambda: "the subscriber did not go live on push\n" + subscriber.tail(),
+        )
+        assert subscriber.running, subscriber.tail()
+        assert source.differences(mirror) == [], "baseline"
+
+        high = 0  # the newest seq applied from push so far
+        for number in range(1, ROUNDS + 1):
+            done = source.round(rng)
+            label = f"round {number} ({done.kind})"
+            _wait_mirrored(source, mirror, label, subscriber, publisher)
+            want = {
+                (loc, change)
+                for change in ("created", "updated", "deleted")
+                for loc in getattr(done, change)
+            }
+            high = _wait_pushed(mirror, log, source.resource_list, want, high, label)
+
+        walks = [e for e in events() if e.split(":")[0] in ("gap", "poll", "polling")]
+        assert walks == ["gap: start-up"], walks
+        assert publisher.running and subscriber.running
