@@ -173,6 +173,52 @@ async def test_an_unreachable_redis_raises_log_unavailable(redis_server: Redis) 
         await log.close()
 
 
+async def test_a_deposed_leader_cannot_sweep_or_store_snapshot_maps(redis_server: Redis) -> None:
+    """RedisBlobs' writes are fenced like appends (rsnotify.log.redis_blobs).
+
+    A leader that stalled past its lease wakes up knowing only its own
+    snapshots: unfenced, its ``keep`` would delete the maps its successor's
+    checkpoint names, and that successor would lose the changes made
+    between its snapshots (it could only record the list again).
+    """
+    from rsnotify import redisurl
+    from rsnotify.log.redis_blobs import RedisBlobs
+
+    token: dict[str, int | None] = {"old": 1, "new": 2}
+    client = redisurl.client(redis_server.url)
+    log = RedisLog(redis_server.url)
+    old = RedisBlobs(client, C, fence=lambda: token["old"])
+    new = RedisBlobs(client, C, fence=lambda: token["new"])
+    try:
+        await old.put("s1", b"the deposed leader's map")
+        await new.put("s2", b"the new leader's map")  # raises the fence to 2, as its append will
+        await log.append(C, [b"a"], expected_head=0, checkpoint="names s2", fence=2)
+        with pytest.raises(Fenced):
+            await old.keep({"s1"})
+        with pytest.raises(Fenced):
+            await old.put("s3", b"another")
+        assert await new.get("s2") == b"the new leader's map"
+        assert await old.get("s3") is None
+        token["old"] = None  # it has noticed: not leading, nothing to sweep or store
+        await old.keep({"s1"})
+        assert await new.get("s2") is not None
+        with pytest.raises(Fenced):
+            await old.put("s3", b"another")
+        await new.keep({"s2"})  # the leader sweeps what no checkpoint names
+        assert await new.get("s1") is None
+        assert await new.get("s2") == b"the new leader's map"
+        # Out of memory is waited out like the log's own appends, not a crash.
+        await client.config_set("maxmemory", "1")
+        try:
+            with pytest.raises(LogUnavailable, match="out of memory"):
+                await new.put("s4", b"x" * 10_000)
+        finally:
+            await client.config_set("maxmemory", "0")
+    finally:
+        await log.close()
+        await client.aclose()
+
+
 async def test_the_tail_cache_answers_from_memory_and_yields_to_other_writers(
     log_factory: Callable[[], NotificationLog],
 ) -> None:

@@ -56,7 +56,9 @@ from redis.exceptions import (
     AskError,
     ClusterDownError,
     OutOfMemoryError,
+    ReadOnlyError,
     RedisClusterException,
+    RedisError,
     ResponseError,
     TryAgainError,
 )
@@ -142,6 +144,36 @@ MAX_CONNECTIONS = 64  # per log client; more callers queue for a connection
 WARN_EVERY = 30.0  # seconds between warnings while entries wait for replicas
 
 
+def unavailable(exc: BaseException, url: str) -> LogUnavailable | None:
+    """The :class:`LogUnavailable` a Redis error stands for (retry after a backoff).
+
+    None: an error retrying will not cure (a bug, a refused script), raised as
+    it is.  One mapping for every Redis-backed store of the log's family, so a
+    failover, a loading replica or ``maxmemory`` are waited out alike.
+    """
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException)):
+        return LogUnavailable(f"Redis at {url} unavailable: {exc}")
+    if not isinstance(exc, ResponseError):
+        return None
+    if isinstance(exc, _MOVING):
+        # Nothing ran (MovedError is an AskError; redis-py strips the word MOVED).
+        return LogUnavailable(f"Redis at {url} is failing over: {exc}")
+    if isinstance(exc, ReadOnlyError):
+        return LogUnavailable(f"Redis at {url} is a replica now (failing over): {exc}")
+    if "LOADING" in str(exc) or "BUSY" in str(exc):
+        return LogUnavailable(f"Redis at {url} not ready: {exc}")
+    if isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM"):
+        # maxmemory with noeviction: the write failed whole; retry once an
+        # operator raised the limit or retention trimmed the log.
+        return LogUnavailable(f"Redis at {url} is out of memory: {exc}")
+    return None
+
+
+def meta_key(collection: str) -> str:
+    """The collection's ``meta`` hash (head, checkpoint, fence), for stores fenced alike."""
+    return _keys(collection)[1]
+
+
 def _keys(collection: str) -> tuple[str, str, str]:
     tag = "{" + collection + "}"
     return f"rsn:{tag}:log", f"rsn:{tag}:meta", f"rsn:{tag}:cursors"
@@ -207,23 +239,16 @@ class RedisLog(NotificationLog):
     async def _call(self, coro: Any) -> Any:
         try:
             return await coro
-        except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as exc:
-            # A cluster's failover (a lost node, a slot map mid-change): read it again.
-            self._primaries.topology_changed()
-            raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
-        except ResponseError as exc:
-            if isinstance(exc, _MOVING):
-                # A plain client of a primary (redisurl.Primaries) that no longer
-                # owns the slot; nothing ran, the caller retries after its backoff.
+        except (OSError, RedisError, RedisClusterException) as exc:
+            retry = unavailable(exc, self.url)
+            if retry is None:
+                raise
+            if not isinstance(exc, ResponseError) or isinstance(exc, _MOVING):
+                # A cluster's failover (a lost node, a slot map mid-change), or a
+                # plain client of a primary (redisurl.Primaries) that no longer
+                # owns the slot: read the topology again.
                 self._primaries.topology_changed()
-                raise LogUnavailable(f"Redis at {self.url} is failing over: {exc}") from None
-            if "LOADING" in str(exc) or "BUSY" in str(exc):
-                raise LogUnavailable(f"Redis at {self.url} not ready: {exc}") from None
-            if isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM"):
-                # maxmemory with noeviction: the append failed whole; retry once
-                # an operator raised the limit or retention trimmed the log.
-                raise LogUnavailable(f"Redis at {self.url} is out of memory: {exc}") from None
-            raise
+            raise retry from None
 
     async def head(self, collection: str) -> int:
         _, meta, _ = _keys(collection)

@@ -114,6 +114,10 @@ class DetectionLoop:
                     extra={"collection": collection.id},
                 )
                 watcher.reset(replace(watcher.checkpoint, snapshot=None))
+                # The next change's interval starts at the new snapshot, not at the
+                # last change logged: what happened in between was never seen
+                # (Change Notification 1.0.1: consecutive intervals, no gap hidden).
+                collection.last_change = None
                 continue
             except LogDiverged as exc:
                 log.error(

@@ -249,6 +249,10 @@ class Publisher:
         if config.watch:
             self._start_fs_watch()
 
+    def _fence(self) -> int | None:
+        """The leader's fencing token now (None: not leading)."""
+        return self.sequencer.fence if self.sequencer is not None else None
+
     def _redis_blobs(self) -> Callable[[str], BlobStore]:
         """``--redis``: snapshot maps beside the log, where a standby that takes over finds them.
 
@@ -256,6 +260,7 @@ class Publisher:
         needs it (most Sources have Change Lists), closed by :meth:`stop`.
         """
         from .. import redisurl
+        from ..config import redact_text
         from ..log.redis_blobs import RedisBlobs
 
         assert self.config.redis is not None
@@ -265,7 +270,9 @@ class Publisher:
                 self._blob_client = redisurl.client(
                     self.config.redis or "", socket_timeout=5.0, socket_connect_timeout=5.0
                 )
-            return RedisBlobs(self._blob_client, cid)
+            fence = self._fence if self.config.ha else None
+            redacted = redact_text(self.config.redis, False)
+            return RedisBlobs(self._blob_client, cid, url=redacted, fence=fence)
 
         return make
 
