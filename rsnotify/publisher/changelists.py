@@ -18,16 +18,18 @@ The documents (section 12, Appendix A)
     2.0.1 reads an index's lists in the *string* order of their URIs.
 
 Times
-    ``rs:md datetime`` is the logged change time and ``<lastmod>`` the logged
-    ``lastmod`` if any, else the change time too (what a ResourceSync 1.0
-    reader takes as the change time).  Section 12.1 wants forward
+    ``rs:md datetime`` and ``<lastmod>`` are both the change time: section 12
+    says a Change List entry's ``<lastmod>`` is when the change happened (its
+    examples carry nothing else), and a ResourceSync 1.0 reader orders and
+    resumes by it; the resource's own ``lastmod`` (a derived change's, say,
+    which may be far older) is not written.  Section 12.1 wants forward
     chronological order, and a log need not be in it (a Source read with
     ``--lenient order``, a change derived from a Resource List whose
     ``lastmod`` is older than a change already logged): such an entry is
-    written at the latest time already written (its own time stays in
-    ``<lastmod>``).  That is also what makes it reachable: a Destination that
-    resumes from a datetime skips entries before it, so an entry written at
-    its own, older time after later ones would never be applied.
+    written at the latest time already written.  That is also what makes it
+    reachable: a Destination that resumes from a datetime skips entries
+    before it, so an entry written at its own, older time after later ones
+    would never be applied.
     A list's ``from`` is the ``from`` of its first notification (the change
     time of the notification logged before it, so it says "every change
     since") or, for later lists, the ``until`` of the list before.  A list is
@@ -105,7 +107,7 @@ def _entry(n: Notification, when: dt.datetime) -> Entry:
     links = [link_of(d) for d in n.links]
     return Entry(
         loc=n.loc,
-        lastmod=n.lastmod if n.lastmod is not None else n.datetime,
+        lastmod=when,  # the change time, as section 12 (and every 1.0 reader) reads it
         change=ChangeType(n.change),
         datetime=when,
         hash=n.hash,
