@@ -339,6 +339,37 @@ async def test_a_crash_after_the_files_before_the_cursor_repeats_nothing(tmp_pat
         await log.close()
 
 
+async def test_a_log_started_anew_writes_its_changes_into_a_new_list(tmp_path: Path) -> None:
+    """DIR kept, the log wiped (or SQLite traded for Redis): seqs restart at 1.
+
+    Trusting the files' ``rsn:seq`` (5) would skip the new log's first five
+    records; they are new changes, written after a hole in a list of their own.
+    """
+    directory = tmp_path / "out" / CID
+    first = SQLiteLog(tmp_path / "first.sqlite3")
+    try:
+        await append(first, notifications(5))
+        await run_until_written(first, directory, 5)
+    finally:
+        await first.close()
+    anew = SQLiteLog(tmp_path / "anew.sqlite3")
+    try:
+        later = notifications(3, first=6)  # later changes, numbered from 1 by the new log
+        for seq, change in enumerate(later, start=1):
+            change.seq = seq
+        await append(anew, later)
+        await run_until_written(anew, directory, 3)
+        written = written_entries(directory)
+        assert [e.loc for e in written] == [n.loc for n in notifications(5) + later]
+        index = sitemap.parse(directory / INDEX_NAME)
+        assert len(index) == 2  # the first list closed at the hole, the new log's in a second
+        second = sitemap.parse(directory / list_name(2))
+        assert [e.loc for e in second] == [n.loc for n in later]
+        assert second.md_extra[SEQ] == "3"
+    finally:
+        await anew.close()
+
+
 async def test_a_crash_between_the_lists_and_the_index_is_repaired(tmp_path: Path) -> None:
     directory = tmp_path / "out" / CID
     log = SQLiteLog(tmp_path / "log.sqlite3")

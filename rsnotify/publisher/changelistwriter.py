@@ -57,7 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,6 +159,7 @@ class CollectionWriter:
         self._written = asyncio.Event()
         self._last_write = 0.0
         self.tail: LogTail[_Logged, CollectionWriter] | None = None
+        self._restarted = False  # the log was started anew: a new list after a hole
 
     async def open(self) -> None:
         """Read back what earlier runs wrote, repair the index, find where to resume."""
@@ -168,14 +169,35 @@ class CollectionWriter:
             await asyncio.to_thread(self._write, [(INDEX_NAME, self.changes.render_index())])
             log.info("%s: repaired %s", self.collection, self.directory / INDEX_NAME)
         if not self.changes.lists:  # nothing written yet: start where the cursor says
-            backoff = Backoff(initial=0.2, maximum=10.0)
-            while True:
-                try:
-                    self.changes.seq = await self.log.cursor(self.collection, CURSOR)
-                    break
-                except LogUnavailable as exc:
-                    log.warning("%s: cannot read the log: %s", self.collection, exc)
-                    await asyncio.sleep(backoff.next())
+            cursor = await self._read_log(lambda: self.log.cursor(self.collection, CURSOR))
+            self.changes.seq = cursor
+            return
+        head = await self._read_log(lambda: self.log.head(self.collection))
+        if self.changes.seq > head:
+            # The files name seqs this log never had: it was started anew (a wiped
+            # state directory, SQLite traded for --redis).  Its records are new
+            # changes; appended to the open list they would sit under seqs that
+            # mean something else, so they start a new list after a hole.
+            log.warning(
+                "%s: %s was written up to seq %d, but the log's head is %d: the log "
+                "was started anew; its changes go into a new Change List after a hole",
+                self.collection,
+                self.directory,
+                self.changes.seq,
+                head,
+            )
+            self.changes.seq = 0
+            self._restarted = True
+
+    async def _read_log(self, read: Callable[[], Awaitable[int]]) -> int:
+        """``read()`` from the log, waiting out an unavailable one with backoff."""
+        backoff = Backoff(initial=0.2, maximum=10.0)
+        while True:
+            try:
+                return await read()
+            except LogUnavailable as exc:
+                log.warning("%s: cannot read the log: %s", self.collection, exc)
+                await asyncio.sleep(backoff.next())
 
     async def run(self) -> None:
         """Write until cancelled."""
@@ -213,6 +235,7 @@ class CollectionWriter:
         items = [item for item in tail.ring if item.seq > self.changes.seq]
         if not items:
             return
+        restarted, self._restarted = self._restarted, False
         gap = items[0].seq != self.changes.seq + 1
         if gap:
             log.warning(
@@ -225,7 +248,7 @@ class CollectionWriter:
         files = self.changes.add(
             [item.change for item in items if item.change is not None],
             upto=items[-1].seq,
-            gap=gap,
+            gap=gap or restarted,
         )
         await self._write_durably(files)
         with contextlib.suppress(LogUnavailable):  # the files are the truth: best effort
