@@ -45,7 +45,7 @@ from rsnotify.publisher.changelistwriter import (
     read_back,
 )
 from rsnotify.publisher.tasks import TaskGroup
-from tests.devstack import HttpServer, ManagedProcess, async_wait_for, wait_for
+from tests.devstack import HttpServer, ManagedProcess, Redis, async_wait_for, wait_for
 
 CID = "example.com-dataset1-capabilitylist-0123abcd"
 CAP = "http://example.com/dataset1/capabilitylist.xml"
@@ -540,3 +540,24 @@ def test_write_changelist_options_that_cannot_work_are_refused(
         process = rsnotify_process("publish", source, *argv)
         assert process.wait(timeout=20) == 2, process.tail()
         assert said in process.output(), process.tail()
+
+
+def test_an_unwritable_dir_stops_every_publisher_at_start_up_not_an_elected_one(
+    tmp_path: Path, rsnotify_process: Callable[..., ManagedProcess], redis_server: Redis
+) -> None:
+    """Checked before any election: an --ha standby must not win a lease it cannot use.
+
+    (Found only once elected, the error ended the election task: the process
+    held the lease, detected nothing, and never exited.)
+    """
+    simulator = rsnotify_process("simulate", "--port", "0", "--quiet", "--rate", "0")
+    match = simulator.wait_for_line(r"rsnotify simulate: serving (http://\S+/)$", timeout=20)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("DIR cannot be made under a file, even by root\n")
+    publisher = rsnotify_process(
+        "publish", match.group(1), "--state-dir", str(tmp_path / "state"),
+        "--write-changelist", str(blocker / "changelists"),
+        "--redis", redis_server.url, "--ha", "--lease-ttl", "1",
+    )  # fmt: skip
+    assert publisher.wait(timeout=30) != 0, publisher.tail()
+    assert f"--write-changelist {blocker / 'changelists'}" in publisher.output(), publisher.tail()

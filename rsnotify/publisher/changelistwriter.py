@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -280,6 +281,22 @@ class CollectionWriter:
             write_file(self.directory / name, data, mode=FILE_MODE)
 
 
+def prepare_directory(directory: str | Path) -> None:
+    """Make ``directory`` (``--write-changelist DIR``) or say why it cannot be written.
+
+    Called at start-up on every publisher that may lead, not only when it is
+    elected: an ``--ha`` standby that won the lease and only then found DIR
+    unwritable would hold the lease without detecting anything.
+    """
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RsNotifyError(f"--write-changelist {directory}: {exc}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise RsNotifyError(f"--write-changelist {directory}: not writable by this user")
+
+
 class ChangeListWriter:
     """``--write-changelist DIR``: a :class:`CollectionWriter` per collection (a transport)."""
 
@@ -316,10 +333,7 @@ class ChangeListWriter:
 
     async def start(self, tasks: TaskGroup) -> None:
         """Spawn a writer per collection (in its own group: :meth:`stop` ends them)."""
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RsNotifyError(f"--write-changelist {self.directory}: {exc}") from None
+        prepare_directory(self.directory)
         for collection, writer in self.writers.items():
             self._tasks.spawn(writer.run(), name=f"Change List writer of {collection}")
 

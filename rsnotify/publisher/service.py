@@ -43,7 +43,7 @@ from ..outbound import Renderer, Signer
 from ..report import PublisherReporter
 from . import fswatch
 from .advertisement import Advertisement, write_capability_lists
-from .changelistwriter import ChangeListWriter, advice_lines
+from .changelistwriter import ChangeListWriter, advice_lines, prepare_directory
 from .config import PublisherConfig, Role, role_of
 from .console import PREFIX, running_lines, say
 from .detection import DetectionLoop
@@ -225,6 +225,8 @@ class Publisher:
             await self._serve(self._websub_transport())
         if not role.leads:
             return
+        if config.write_changelist:  # here, before any election (see prepare_directory)
+            prepare_directory(config.write_changelist)
         if config.ha:
             from .leader import LeaderElection
 
