@@ -33,6 +33,7 @@ from resync import ChangeList as ResyncChangeList
 from resync.sitemap import Sitemap
 
 from rsnotify import sitemap, w3cdt
+from rsnotify.durable import TEMP_SUFFIX
 from rsnotify.envelope import Notification, to_json
 from rsnotify.log.sqlite_log import SQLiteLog
 from rsnotify.model import ChangeList, ChangeListIndex, ChangeType, Entry
@@ -331,9 +332,12 @@ async def test_a_crash_after_the_files_before_the_cursor_repeats_nothing(tmp_pat
         assert changes.seq == 5
         await append(log, logged[5:])
         write_all(directory, changes.add(logged[5:7], upto=7))
+        orphan = directory / f".{list_name(3)}.999.dead{TEMP_SUFFIX}"  # a write killed half-way
+        orphan.write_bytes(b"<urlset")
         assert await log.cursor(CID, CURSOR) == 5
         await run_until_written(log, directory, 9, max_entries=4)
         assert await log.cursor(CID, CURSOR) == 9
+        assert not orphan.exists()
         assert [entry_fields(e) for e in written_entries(directory)] == [fields(n) for n in logged]
     finally:
         await log.close()

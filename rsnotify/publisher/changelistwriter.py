@@ -66,7 +66,7 @@ from .. import sitemap
 from ..backoff import Backoff
 from ..cancellation import raise_if_cancelled
 from ..collection import is_valid_collection_id
-from ..durable import write_file
+from ..durable import sweep_temporaries, write_file
 from ..envelope import InvalidNotification, Notification, entry_fragment, from_json
 from ..errors import RsNotifyError
 from ..log import LogRecord, LogUnavailable, NotificationLog
@@ -165,6 +165,9 @@ class CollectionWriter:
     async def open(self) -> None:
         """Read back what earlier runs wrote, repair the index, find where to resume."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        swept = await asyncio.to_thread(sweep_temporaries, self.directory)
+        if swept:
+            log.info("%s: removed %d file(s) a killed write left", self.collection, swept)
         repair = await asyncio.to_thread(read_back, self.directory, self.changes)
         if repair:
             await asyncio.to_thread(self._write, [(INDEX_NAME, self.changes.render_index())])
