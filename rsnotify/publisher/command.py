@@ -11,6 +11,7 @@ from ..commonoptions import LOG, METRICS_HOST, MQTT_PROTOCOL, lenient_options, l
 from ..log import Retention
 from ..logs import setup as setup_logging
 from ..options import Group, Options, build, flag, option, positional, repeated
+from ..sitemapwriter import MAX_ENTRIES_PER_DOCUMENT
 from ..transport.topics import prefix_argument
 from . import service
 from .service import PublisherConfig
@@ -67,9 +68,10 @@ def _positive_int(text: str) -> int:
 
 def _changelist_size(text: str) -> int:
     value = argtypes.positive_int(text)
-    if value > 50_000:
+    if value > MAX_ENTRIES_PER_DOCUMENT:
         raise argparse.ArgumentTypeError(
-            f"a Change List holds at most 50000 entries (Z39.99 section 7), got {value}"
+            f"a Change List holds at most {MAX_ENTRIES_PER_DOCUMENT} entries "
+            f"(Z39.99 section 7), got {value}"
         )
     return value
 
@@ -335,9 +337,10 @@ CHANGELIST = Group(
     option(
         "--write-changelist-size",
         type=_changelist_size,
-        default=50_000,
+        default=MAX_ENTRIES_PER_DOCUMENT,
         metavar="N",
-        help="entries per Change List before a new one starts (default and most: 50000)",
+        help="entries per Change List before a new one starts "
+        f"(default and most: {MAX_ENTRIES_PER_DOCUMENT})",
     ),
 )
 HA = Group(
@@ -412,9 +415,8 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 2
-    if (args.write_changelist_base or args.write_changelist_size != 50_000) and not (
-        args.write_changelist
-    ):
+    sized = args.write_changelist_size != MAX_ENTRIES_PER_DOCUMENT
+    if (args.write_changelist_base or sized) and not args.write_changelist:
         print("rsnotify publish: --write-changelist-* need --write-changelist DIR", flush=True)
         return 2
     if args.write_changelist and (args.ws_only or args.mqtt_only):
