@@ -34,7 +34,15 @@ import pytest
 
 from rsnotify import framework
 from rsnotify.collection import collection_id
+from rsnotify.publisher.changelists import INDEX_NAME
 from tests.devstack import HttpServer, ManagedProcess, Redis, free_port, wait_for
+from tests.test_changelist_writer import (
+    entry_fields,
+    expected_from_log,
+    resync_fields,
+    resync_read,
+    written_entries,
+)
 
 NS = (
     'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
@@ -374,6 +382,9 @@ def test_a_resource_list_only_source_is_published_as_derived_changes(
         reader = SQLiteReader(state, cid)
         # The framework watch of a collection without Change Lists: the Resource List.
         args += ["--websub", f"127.0.0.1:{free_port()}", "--framework-interval", "0.2"]
+        # And the Change List the Source never had, served beside it (item 3).
+        args += ["--write-changelist", source.root / "cl"]
+        args += ["--write-changelist-base", f"{server.url}/cl/"]
     scenario = Scenario(source, server, lambda: rsnotify_process(*args), reader)
     scenario.wait_recorded()
 
@@ -411,6 +422,20 @@ def test_a_resource_list_only_source_is_published_as_derived_changes(
             message=lambda: "no framework notification\n" + scenario.publisher.tail(),
         )
         assert {(n["capability"], n["change"]) for n in notes} == {("resourcelist", "updated")}
+        # The derived Change List holds what was logged, for rsnotify and resync 2.0.1 alike.
+        logged = expected_from_log([obj for _, obj in reader.records()])
+        directory = source.root / "cl" / cid
+        wait_for(
+            lambda: (
+                (directory / INDEX_NAME).exists() and len(written_entries(directory)) >= len(logged)
+            ),
+            TIMEOUT,
+            interval=0.1,
+            message=lambda: "the derived Change List was not written\n" + scenario._tail(),
+        )
+        assert [entry_fields(e) for e in written_entries(directory)] == logged
+        index_url = f"{server.url}/cl/{cid}/{INDEX_NAME}"
+        assert [resync_fields(r) for r in resync_read(index_url)] == logged
 
 
 def test_lost_snapshot_maps_make_the_publisher_record_again_not_stop(
