@@ -224,9 +224,14 @@ def _read_entry(
     )  # fmt: skip
 
 
-def provisional(state: ResourceState, max_skew: float) -> bool:
-    """A state whose datetime nobody vouched for (see :mod:`.trust`)."""
-    return not state.confirmed or beyond_skew(state.datetime, datetime.now(UTC), max_skew)
+def provisional(state: ResourceState, max_skew: float, now: datetime | None = None) -> bool:
+    """A state whose datetime nobody vouched for (see :mod:`.trust`).
+
+    ``now``: the clock for the skew check, read once by a caller deciding a batch.
+    """
+    return not state.confirmed or beyond_skew(
+        state.datetime, datetime.now(UTC) if now is None else now, max_skew
+    )
 
 
 def same_change(state: ResourceState, change: ChangeView) -> bool:
@@ -249,12 +254,20 @@ def doubtful(state: ResourceState, change: ChangeView) -> bool:
 
 
 def already_applied(
-    state: ResourceState | None, change: ChangeView, max_skew: float, *, recheck: bool = False
+    state: ResourceState | None,
+    change: ChangeView,
+    max_skew: float,
+    *,
+    recheck: bool = False,
+    now: datetime | None = None,
 ) -> bool:
-    """Nothing to do for ``change`` given ``state`` (``recheck``: see :func:`to_recheck`)."""
+    """Nothing to do for ``change`` given ``state`` (``recheck``: see :func:`to_recheck`).
+
+    ``now``: as for :func:`provisional`.
+    """
     if state is None:
         return False
-    if provisional(state, max_skew):
+    if provisional(state, max_skew, now):
         # Its datetime may be forged: only the very same change counts as done.
         return same_change(state, change)
     if state.datetime < change.datetime:
