@@ -93,6 +93,11 @@ def parse_command(
     return module, config.parse_args(declared, parser, name, argv, environ=env, sections=sections)
 
 
+def is_batch(args: argparse.Namespace) -> bool:
+    """A run that ends when its work is done, with no latency to keep (``--once``)."""
+    return bool(getattr(args, "once", False))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv_given = argv
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -110,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a refused argument (already printed): its status
         return exc.code if isinstance(exc.code, int) else 2
     if argv_given is None:  # the program itself, not a caller embedding the CLI
-        tune_gc()
+        tune_gc(batch=is_batch(args))
     try:
         return int(module.run(args) or 0)
     except KeyboardInterrupt:

@@ -967,7 +967,13 @@ class DocumentReader:
                 )
             text = pop("datetime", None)  # on every entry of a 1.1 Change List
             if text is not None:
-                moment = self._when(text, line, "rs:md")
+                # Usually the very text of <lastmod> (the change time, twice): the
+                # same reading, so the same value, without parsing it again.
+                moment = (
+                    when
+                    if text == lastmod and when is not None
+                    else self._when(text, line, "rs:md")
+                )
         entry = Entry(loc, when, changefreq, change, moment, digest, length, media, line=line)
         if md:
             self._rare_md(entry, md, line)

@@ -109,3 +109,41 @@ async def test_a_batch_leaves_each_loc_cached_as_its_last_write(tmp_path: Path) 
         assert (await store.get(loc)).length == 12  # type: ignore[union-attr]
     finally:
         await store.close()
+
+
+async def test_states_written_by_a_batch_read_back_as_the_database_holds_them(
+    tmp_path: Path,
+) -> None:
+    """A batch's writes wait in the cache as rows until read; read, they are the states.
+
+    Through every reader (get, get_many, a confirmation of a provisional
+    write, a later batch), applied_at included, as a store without a cache
+    reads them from the file.
+    """
+    path = tmp_path / "r.sqlite"
+    store = ResourceStore(path)
+    try:
+        locs = [f"http://s/{i}" for i in range(4)]
+        first = [(_row(store, loc, 10 + i, confirmed=i != 2), APPLY) for i, loc in enumerate(locs)]
+        await store.record_rows(first)
+        confirm = store.row(
+            locs[2], ChangeType.UPDATED, T0 + timedelta(seconds=12), outcome="confirmed"
+        )
+        await store.record_rows([(confirm, CONFIRM), (_row(store, locs[3], 20), APPLY)])
+        disk = await _from_disk(path, locs)
+        cached = await store.get_many(locs[:2])
+        assert {loc: _fields(state) for loc, state in cached.items()} == {
+            loc: disk[loc] for loc in locs[:2]
+        }
+        assert [_fields(await store.get(loc)) for loc in locs[2:]] == [
+            disk[loc] for loc in locs[2:]
+        ]
+        assert disk[locs[2]][-1] is True  # confirmed in place
+        fresh = ResourceStore(path, cache_size=0)
+        try:
+            for loc in locs:
+                assert (await store.get(loc)).applied_at == (await fresh.get(loc)).applied_at  # type: ignore[union-attr]
+        finally:
+            await fresh.close()
+    finally:
+        await store.close()

@@ -392,15 +392,23 @@ def test_resourcesync_1_1_datetime_is_the_change_time() -> None:
         '<rs:md change="updated" datetime="2013-01-03T10:00:00Z"/></url>',
         "<url><loc>http://example.com/b</loc>"
         '<rs:md change="created" datetime="2013-01-03T10:30:00.250000Z"/></url>',
+        # The usual 1.1 entry: the same text twice (read once, the same value).
+        "<url><loc>http://example.com/c</loc><lastmod>2013-01-03T12:00:00+01:00</lastmod>"
+        '<rs:md change="updated" datetime="2013-01-03T12:00:00+01:00"/></url>',
     )
-    a, b = parse(data)
+    a, b, c = parse(data)
+    assert c.lastmod == c.datetime == T0 + timedelta(hours=11)
     assert a.lastmod == datetime(2012, 12, 1, tzinfo=UTC)  # when the resource last changed
     assert a.datetime == a.change_time == T0 + timedelta(hours=10)
     assert b.lastmod is None
     assert b.change_time == T0 + timedelta(hours=10, minutes=30, microseconds=250000)
     assert a.position == (a.change_time, "http://example.com/a")
     again = parse(serialize(parse(data)))
-    assert [(e.lastmod, e.datetime) for e in again] == [(a.lastmod, a.datetime), (None, b.datetime)]
+    assert [(e.lastmod, e.datetime) for e in again] == [
+        (a.lastmod, a.datetime),
+        (None, b.datetime),
+        (c.lastmod, c.datetime),
+    ]
 
 
 def test_unknown_attributes_and_namespaced_extensions_round_trip() -> None:

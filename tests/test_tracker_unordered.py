@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -234,18 +235,37 @@ def test_entry_digest_is_byte_for_byte_what_checkpoints_hold(
     )
 
 
-def test_detect_unordered_takes_the_same_decisions_as_is_new_and_advance() -> None:
-    """detect's one-digest loop against the two-call definition it replaces."""
+@pytest.mark.parametrize("on_the_list", [False, True])
+@pytest.mark.parametrize("limit", [None, 9])
+def test_detect_unordered_takes_the_same_decisions_as_is_new_and_advance(
+    on_the_list: bool, limit: int | None
+) -> None:
+    """detect's one-digest loop against the two-call definition it replaces.
+
+    From a checkpoint on another list (position, validators reset) and on the
+    same one (position counted on, validators kept), with and without a limit.
+    """
     listed = [
         Entry(loc=f"r{i % 7}", change=ChangeType.UPDATED, datetime=T0 + timedelta(seconds=i % 5))
         for i in range(40)
     ]
-    start = Checkpoint(started=True, known=Known.of([entry_digest(listed[3])]))
-    found = detect([*listed, *listed], "L", start)
+    listed.insert(5, Entry(loc="r-no-time", change=ChangeType.CREATED))
+    known = Known.of([entry_digest(listed[3])])
+    on_l = Checkpoint(
+        changelist="L", last_time=T0 + timedelta(seconds=2), boundary=("updated r2",),
+        position=7, etag='"e"', last_modified="m", started=True, known=known,
+    )  # fmt: skip
+    on_k = Checkpoint(
+        changelist="K", position=3, etag='"k"', last_modified="k", started=True, known=known
+    )
+    start = on_l if on_the_list else on_k
+    found = detect([*listed, *listed], "L", start, limit=limit)
     current, expected = start, []
     for entry in [*listed, *listed]:
         if current.is_new(entry):
             current = current.advance(entry, "L")
             expected.append((entry, current))
+    expected = expected[:limit]
     assert found.entries == [e for e, _ in expected]
     assert found.checkpoints == [c for _, c in expected]
+    assert [c.to_json() for c in found.checkpoints] == [c.to_json() for _, c in expected]

@@ -86,6 +86,7 @@ from .rules import (
     classify,
     path_failure,
     read_change,
+    read_changes,
     same_change,
     to_recheck,
 )
@@ -252,13 +253,14 @@ class Applier:
         :meth:`settle_many`, :meth:`supersede_many` and :meth:`submit`: each
         entry read once instead of up to three times.
         """
-        now = datetime.now(UTC)  # one clock read for the skew check of the whole batch
-        return [
-            read_change(
-                change, max_skew=self.max_skew, collection=collection, unordered=unordered, now=now
-            )
-            for change in changes
-        ]
+        # One clock read for the skew check of the whole batch.
+        return read_changes(
+            changes,
+            max_skew=self.max_skew,
+            now=datetime.now(UTC),
+            collection=collection,
+            unordered=unordered,
+        )
 
     async def settle_many(
         self, changes: list[Any], *, views: list[ChangeView] | None = None

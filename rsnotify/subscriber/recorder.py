@@ -183,16 +183,22 @@ class BatchRecorder:
         ]
         if missing:
             states.update(await store.get_many(missing))
-        now = datetime.now(UTC)  # one stamp: the batch is committed in one transaction
+        # One stamp: the batch is committed in one transaction; and one clock for
+        # its skew checks, as read_many reads its batch (per change, the clock
+        # read was a tenth of deciding).
+        now = datetime.now(UTC)
+        max_skew, confirms = self.max_skew, self._confirms
         rows: list[tuple[tuple[Any, ...], int]] = []
         plan: list[tuple[Outcome, Failure | None]] = []
         for view, (_, refusal) in zip(views, vetted, strict=True):
             state = states.get(view.loc)
             if refusal is not None:
                 outcome, update = refusal.outcome, KEEP
-            elif self._confirms(state, view):
+            elif state is None:  # nothing to confirm, nothing applied: as below, by the short way
+                outcome, update = Outcome.RECORDED, APPLY
+            elif confirms(state, view):
                 outcome, update = Outcome.CONFIRMED, CONFIRM
-            elif already_applied(state, view, self.max_skew):
+            elif already_applied(state, view, max_skew, now=now):
                 outcome, update = Outcome.SKIPPED_ALREADY_APPLIED, KEEP
             else:
                 outcome, update = Outcome.RECORDED, APPLY
@@ -219,15 +225,9 @@ class BatchRecorder:
                 state is None or view.datetime >= state.datetime or not state.confirmed
             ):
                 states[view.loc] = ResourceState(
-                    loc=view.loc,
-                    change=view.change,
-                    datetime=view.datetime,
-                    seq=view.seq,
-                    sha256=None,
-                    length=None,
-                    applied_at=view.datetime,
-                    confirmed=view.confirmed,
-                )
+                    view.loc, view.change, view.datetime, view.seq, None, None, view.datetime,
+                    view.confirmed,
+                )  # fmt: skip
         return rows, vetted, plan
 
     async def _finish(self, done: _Writing) -> None:

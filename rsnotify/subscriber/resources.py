@@ -203,8 +203,9 @@ class ResourceStore:
         self.path = Path(path)
         self._queue: list[tuple[tuple[Any, ...], int, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
-        # loc -> state (None: known absent); most recently used last.
-        self._cache: OrderedDict[str, ResourceState | None] = OrderedDict()
+        # loc -> state (None: known absent; a row: the state a committed write
+        # wrote, built when first read, see _cached); most recently used last.
+        self._cache: OrderedDict[str, ResourceState | tuple[Any, ...] | None] = OrderedDict()
         self._cache_size = cache_size
         # The cache holds every state in the database (preload), so a loc it
         # lacks has none: no query for it.  Lost for good at the first eviction.
@@ -326,7 +327,7 @@ class ResourceStore:
 
     # -- the cache ------------------------------------------------------------------
 
-    def _remember(self, loc: str, state: ResourceState | None) -> None:
+    def _remember(self, loc: str, state: ResourceState | tuple[Any, ...] | None) -> None:
         cache = self._cache
         cache[loc] = state
         cache.move_to_end(loc)
@@ -341,28 +342,37 @@ class ResourceStore:
             # The database kept a newer state; the cached one (if any) is it.
             return
         if update_state == CONFIRM:
-            cached = self._cache.get(loc)
+            cached = self._cached(loc) if loc in self._cache else None
             if cached is not None:
                 self._remember(loc, replace(cached, confirmed=True))
             else:
                 self._cache.pop(loc, None)  # unknown here: the next read asks the database
             return
-        change, when, seq, applied, sha256, length = row[1:7]
+        # The row itself, made a state only if it is read (_cached): a catch-up
+        # writes the state of each loc batch after batch and reads almost none
+        # of them back, and building them was most of its cache upkeep.
+        self._remember(loc, row)
+
+    def _cached(self, loc: str) -> ResourceState | None:
+        """The cached state of ``loc`` (in the cache), built from its row on first read."""
+        value = self._cache[loc]
+        if not isinstance(value, tuple):
+            return value
+        loc, change, when, seq, applied, sha256, length = value[:7]
         if applied != self._applied_us:  # a batch's rows share one stamp: converted once
             self._applied_us, self._applied_at = applied, _from_us(applied)
-        self._remember(
-            loc,
-            ResourceState(
-                loc=loc,
-                change=_CHANGE_TYPES[change],
-                datetime=_from_us(when),
-                seq=seq,
-                sha256=sha256,
-                length=length,
-                applied_at=self._applied_at,
-                confirmed=bool(row[9]),
-            ),
+        state = ResourceState(
+            loc=loc,
+            change=_CHANGE_TYPES[change],
+            datetime=_from_us(when),
+            seq=seq,
+            sha256=sha256,
+            length=length,
+            applied_at=self._applied_at,
+            confirmed=bool(value[9]),
         )
+        self._cache[loc] = state  # in place: the recency order is the reader's business
+        return state
 
     async def _read_batch(self) -> None:
         """Answer every read queued meanwhile with one query (per chunk of locs)."""
@@ -383,7 +393,7 @@ class ResourceStore:
             for loc, futures in reads.items():
                 # A write committed while this read was in flight is newer than
                 # what the read saw: the cache (filled by that write) wins.
-                state = self._cache[loc] if loc in self._cache else found.get(loc)
+                state = self._cached(loc) if loc in self._cache else found.get(loc)
                 if loc not in self._cache:
                     self._remember(loc, state)
                 for future in futures:
@@ -460,7 +470,7 @@ class ResourceStore:
         cache = self._cache
         if loc in cache:
             cache.move_to_end(loc)
-            return cache[loc]
+            return self._cached(loc)
         if self._complete:
             return None
         if self._sql.closed:
@@ -477,14 +487,14 @@ class ResourceStore:
         missing: list[str] = []
         for loc in locs:
             if loc in self._cache:
-                answers[loc] = self._cache[loc]
+                answers[loc] = self._cached(loc)
             elif loc not in answers:
                 missing.append(loc)
                 answers[loc] = None
         if missing and not self._complete:
             found = await self._run(self._get_many, missing)
             for loc in missing:
-                state = self._cache[loc] if loc in self._cache else found.get(loc)
+                state = self._cached(loc) if loc in self._cache else found.get(loc)
                 if loc not in self._cache:
                     self._remember(loc, state)
                 answers[loc] = state
@@ -502,15 +512,8 @@ class ResourceStore:
         if self._flusher is not None and not self._flusher.done():
             await asyncio.shield(self._flusher)  # earlier single writes land first
         results = await self._run(self._record_many, rows)
-        # Only the last state a batch wrote for a loc stays in the cache: a
-        # catch-up batch writes a resource's state several times, and
-        # building a state object for each write was a tenth of its cost.
-        last: dict[str, int] = {}
-        for i, ((row, update_state), changed) in enumerate(zip(rows, results, strict=True)):
-            if update_state == APPLY and changed:
-                last[row[0]] = i
-        for i, ((row, update_state), changed) in enumerate(zip(rows, results, strict=True)):
-            if update_state and not (update_state == APPLY and changed and last[row[0]] != i):
+        for (row, update_state), changed in zip(rows, results, strict=True):
+            if update_state:
                 self._remember_write(row, update_state, changed)
         return results
 

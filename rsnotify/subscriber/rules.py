@@ -44,6 +44,7 @@ __all__ = [
     "already_applied",
     "classify",
     "read_change",
+    "read_changes",
     "to_recheck",
 ]
 
@@ -141,7 +142,8 @@ def read_change(
     if type(obj) is Entry and not obj.links:
         # A Change List entry, as a walk reads tens of thousands: the same
         # checks and view by the short way (no lookups by name, no links).
-        return _read_entry(obj, confirmed, max_skew, collection, reuse, unordered, now)
+        horizon = None if max_skew is None else _horizon(now, max_skew)
+        return _read_entry(obj, confirmed, horizon, collection, reuse, unordered)
     loc = getattr(obj, "loc", None)
     if not isinstance(loc, str) or not loc:
         raise InvalidChange(f"change without a loc: {obj!r:.200}")
@@ -189,16 +191,48 @@ def read_change(
     )
 
 
+def read_changes(
+    changes: list[Any],
+    *,
+    max_skew: float,
+    now: datetime,
+    collection: str | None = None,
+    unordered: bool = False,
+) -> list[ChangeView]:
+    """:func:`read_change` of each of ``changes`` (confirmed: read from the Source).
+
+    For a walk's batch: one clock (``now``) and so one skew bound for all of
+    them (computed per entry, it was a sixth of reading one).
+    """
+    horizon = _horizon(now, max_skew)
+    return [
+        _read_entry(change, True, horizon, collection, False, unordered)
+        if type(change) is Entry and not change.links
+        else read_change(
+            change, max_skew=max_skew, collection=collection, unordered=unordered, now=now
+        )
+        for change in changes
+    ]
+
+
+def _horizon(now: datetime | None, max_skew: float) -> datetime:
+    """The latest change time :func:`~.trust.beyond_skew` lets through at ``now``."""
+    return (datetime.now(UTC) if now is None else now) + timedelta(seconds=max_skew)
+
+
 def _read_entry(
     entry: Entry,
     confirmed: bool,
-    max_skew: float | None,
+    horizon: datetime | None,
     collection: str | None,
     reuse: bool,
     unordered: bool,
-    now: datetime | None,
 ) -> ChangeView:
-    """:func:`read_change` of a :class:`~rsnotify.model.Entry` without links."""
+    """:func:`read_change` of a :class:`~rsnotify.model.Entry` without links.
+
+    ``horizon``: :func:`_horizon` (None: no skew check); beyond it the change is
+    unconfirmed (``when - now > max_skew`` is ``when > now + max_skew``, exactly).
+    """
     loc = entry.loc
     if not isinstance(loc, str) or not loc:
         raise InvalidChange(f"change without a loc: {entry!r:.200}")
@@ -214,9 +248,7 @@ def _read_entry(
     length = entry.length
     if length is not None and (not isinstance(length, int) or length < 0):
         raise InvalidChange(f"{loc}: invalid length {length!r}")
-    if max_skew is not None and when - (datetime.now(UTC) if now is None else now) > timedelta(
-        seconds=max_skew
-    ):  # beyond_skew, inline
+    if horizon is not None and when > horizon:  # beyond_skew
         confirmed = False
     return ChangeView(
         loc, kind, when, None, parse_hashes(entry.hash), length, (), confirmed, collection,
@@ -224,9 +256,14 @@ def _read_entry(
     )  # fmt: skip
 
 
-def provisional(state: ResourceState, max_skew: float) -> bool:
-    """A state whose datetime nobody vouched for (see :mod:`.trust`)."""
-    return not state.confirmed or beyond_skew(state.datetime, datetime.now(UTC), max_skew)
+def provisional(state: ResourceState, max_skew: float, now: datetime | None = None) -> bool:
+    """A state whose datetime nobody vouched for (see :mod:`.trust`).
+
+    ``now``: the clock for the skew check, read once by a caller deciding a batch.
+    """
+    return not state.confirmed or beyond_skew(
+        state.datetime, datetime.now(UTC) if now is None else now, max_skew
+    )
 
 
 def same_change(state: ResourceState, change: ChangeView) -> bool:
@@ -249,12 +286,20 @@ def doubtful(state: ResourceState, change: ChangeView) -> bool:
 
 
 def already_applied(
-    state: ResourceState | None, change: ChangeView, max_skew: float, *, recheck: bool = False
+    state: ResourceState | None,
+    change: ChangeView,
+    max_skew: float,
+    *,
+    recheck: bool = False,
+    now: datetime | None = None,
 ) -> bool:
-    """Nothing to do for ``change`` given ``state`` (``recheck``: see :func:`to_recheck`)."""
+    """Nothing to do for ``change`` given ``state`` (``recheck``: see :func:`to_recheck`).
+
+    ``now``: as for :func:`provisional`.
+    """
     if state is None:
         return False
-    if provisional(state, max_skew):
+    if provisional(state, max_skew, now):
         # Its datetime may be forged: only the very same change counts as done.
         return same_change(state, change)
     if state.datetime < change.datetime:

@@ -29,8 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from aiohttp import web
-
 from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
 from ..changes.access import HttpAccess
@@ -58,6 +56,8 @@ from .telemetry import SubscriberMetrics
 from .trust import DEFAULT_MAX_SKEW
 
 if TYPE_CHECKING:  # the types only: each is imported when a channel or --redis asks for it
+    from aiohttp import web
+
     from .channels import MqttChannel, Sink, WebSocketChannel
     from .redis_cursor import RedisCursorStore
     from .websub import CallbackServer, WebSubChannel
