@@ -45,10 +45,10 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from .configfile import ConfigError, ConfigFile, Problem, load
 from .configvalues import ValueRefused, expected, from_env, from_toml, shown_env
+from .logs import redact_url
 from .options import Opt, Options, add_arguments, fill, normalize
 
 __all__ = [
@@ -331,16 +331,7 @@ def redact(opt: Opt, value: Any) -> Any:
 def redact_text(text: Any, whole: bool) -> Any:
     if whole:
         return "<redacted>"
-    if not isinstance(text, str) or "@" not in text or "://" not in text:
-        return text
-    try:
-        parts = urlsplit(text)
-    except ValueError:
-        return text
-    if parts.password is None:
-        return text
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:<redacted>@{host}"))
+    return redact_url(text) if isinstance(text, str) else text
 
 
 def toml_value(value: Any) -> str | None:

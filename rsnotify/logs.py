@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+from urllib.parse import urlsplit, urlunsplit
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
@@ -48,3 +49,18 @@ def setup(level: str = "info", fmt: str = "auto") -> None:
     # shows them; the gateway logs what matters (refusals, slow clients) itself.
     quiet = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
     logging.getLogger("websockets").setLevel(quiet)
+
+
+def redact_url(text: str) -> str:
+    """``text`` with a URL's password replaced by ``<redacted>`` (for messages and logs)."""
+    if "@" not in text or "://" not in text:
+        return text
+    try:
+        parts = urlsplit(text)
+        password = parts.password
+    except ValueError:
+        return text
+    if password is None:
+        return text
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:<redacted>@{host}"))

@@ -262,8 +262,8 @@ class Publisher:
         needs it (most Sources have Change Lists), closed by :meth:`stop`.
         """
         from .. import redisurl
-        from ..config import redact_text
         from ..log.redis_blobs import RedisBlobs
+        from ..logs import redact_url
 
         assert self.config.redis is not None
 
@@ -273,7 +273,7 @@ class Publisher:
                     self.config.redis or "", socket_timeout=5.0, socket_connect_timeout=5.0
                 )
             fence = self._fence if self.config.ha else None
-            redacted = redact_text(self.config.redis, False)
+            redacted = redact_url(self.config.redis or "")
             return RedisBlobs(self._blob_client, cid, url=redacted, fence=fence)
 
         return make
