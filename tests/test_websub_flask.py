@@ -171,18 +171,35 @@ async def test_flask_websub_relays_every_change_through_a_10_s_hub_outage(
     ((collection, capability_list),) = (await start_publisher(publisher)).items()
     topic = f"http://127.0.0.1:{ours}/{collection}"
     sub = FlaskSubscriber()
+
+    async def made() -> int:
+        stats = await asyncio.to_thread(http_json, source + "_simulator/stats")
+        changes: int = stats["changes"]
+        return changes
+
+    async def made_at_least(n: int) -> bool:
+        return await made() >= n
+
     await sub.start()
     try:
         assert await asyncio.to_thread(_subscribe, flask_hub, topic, sub.url) == 202
         await async_wait_for(lambda: sub.verified, 30, message="flask-websub never verified")
+        # A third of the changes through the hub, then the generator paused, so
+        # that the rest (not however many a loaded machine left) are made
+        # while the hub is down.
         await asyncio.to_thread(http_json, source + "_simulator/resume", b"")
-        await async_wait_for(lambda: len(sub.changes()) >= CHANGES // 3, 60, interval=0.1)
+        await async_wait_for(lambda: made_at_least(CHANGES // 3), 60, interval=0.05)
+        await asyncio.to_thread(http_json, source + "_simulator/pause", b"")
+        paused_at = await made()
+        await async_wait_for(lambda: len(sub.changes()) >= paused_at, 60, interval=0.1)
         # Both hub processes down for 10 s (the worker finishes the task it holds).
         worker.terminate()
         web_app.terminate()
-        down_at = http_json(source + "_simulator/stats")["changes"]
+        down_at = await made()
+        await asyncio.to_thread(http_json, source + "_simulator/resume", b"")
         await asyncio.sleep(DOWN_S)  # scenario duration: the hub is unreachable
-        up_at = http_json(source + "_simulator/stats")["changes"]
+        await async_wait_for(lambda: made_at_least(down_at + 101), 60, interval=0.1)
+        up_at = await made()
         web_app.start()
         worker.start()
         await async_wait_for(
