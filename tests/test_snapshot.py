@@ -359,3 +359,28 @@ def test_maps_no_longer_named_are_swept(tmp_path: Path) -> None:
     _poll_and_commit(watcher)
     # The committed snapshot's map and the one before it; older ones are gone.
     assert len(list((tmp_path / "maps").iterdir())) == 2
+
+
+def test_the_maps_of_a_pinned_checkpoint_outlive_later_commits(tmp_path: Path) -> None:
+    """A Destination commits the watcher when it submits a change, and saves its
+    cursor only when the change is applied: until then the maps the durable
+    cursor names must stay, or a restart from it finds them swept (a
+    re-baseline for nothing)."""
+    source = DirSource(tmp_path / "src")
+    source.root.mkdir()
+    source.set("a", 1)
+    source.publish()
+    access = DirectoryAccess(source.root)
+    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    durable = Checkpoint.from_json(watcher.checkpoint.to_json())
+    watcher.pin(durable)
+    for length in range(2, 6):  # submitted, never saved
+        source.set("a", length)
+        source.publish()
+        _poll_and_commit(watcher)
+    _poll_and_commit(watcher)  # the sweep runs before each read
+    source.set("a", 9)
+    source.publish()
+    restarted = _watcher(source, access, tmp_path / "maps", durable)
+    assert _changes(_poll_and_commit(restarted)) == [("a", ChangeType.UPDATED)]

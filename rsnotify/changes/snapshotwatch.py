@@ -163,6 +163,7 @@ class SnapshotWatcher:
         self._queue: deque[tuple[Entry, Checkpoint]] = deque()
         self._derived: Snapshots | None = None
         self._kept: set[str] = set()  # map keys of the snapshot committed before
+        self._pinned: set[str] = set()  # map keys of the durable checkpoint (pin)
         self._rebaselined = False  # a Destination re-baselines once before recording
         self.reset(checkpoint)
 
@@ -189,6 +190,18 @@ class SnapshotWatcher:
         if checkpoint.snapshot is not None:
             self._rebaselined = False
 
+    def pin(self, *checkpoints: Checkpoint) -> None:
+        """``checkpoints`` are durable (a saved cursor): keep the maps they name.
+
+        A Destination commits when it submits a change and saves its cursor
+        when the change is applied, some polls later; a restart goes on from
+        the saved cursor, whose maps must not have been swept meanwhile.
+        """
+        self._pinned = set()
+        for checkpoint in checkpoints:
+            if checkpoint.snapshot is not None:
+                self._pinned |= _keys(checkpoint.snapshot)
+
     def reset(self, checkpoint: Checkpoint) -> None:
         """Forget what was read and not committed; go on from ``checkpoint``."""
         self.checkpoint = checkpoint
@@ -213,7 +226,7 @@ class SnapshotWatcher:
     # -- internals ------------------------------------------------------------------
 
     def _referenced(self) -> set[str]:
-        keys = set(self._kept)
+        keys = self._kept | self._pinned
         if self.checkpoint.snapshot is not None:
             keys |= _keys(self.checkpoint.snapshot)
         if self._state is not None:

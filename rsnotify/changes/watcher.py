@@ -94,6 +94,8 @@ class ChangeWatcher(Protocol):
 
     def commit(self, checkpoint: Checkpoint) -> None: ...
 
+    def pin(self, *checkpoints: Checkpoint) -> None: ...
+
     def reset(self, checkpoint: Checkpoint) -> None: ...
 
     async def poll(self, limit: int | None = None, *, lists: int | None = None) -> PollResult: ...
@@ -180,6 +182,9 @@ class CollectionWatcher:
     def commit(self, checkpoint: Checkpoint) -> None:
         """The service logged everything up to ``checkpoint``."""
         self.checkpoint = checkpoint
+
+    def pin(self, *checkpoints: Checkpoint) -> None:
+        """Nothing to keep: a Change List position names only documents of the Source."""
 
     def reset(self, checkpoint: Checkpoint) -> None:
         """Forget cached reads (after a log conflict or a restart of the Source)."""

@@ -249,6 +249,7 @@ class CollectionSync:
         self.applied_seq: int | None = None
         self.applied = Checkpoint()
         self._submitted = Checkpoint()
+        self._durable = Checkpoint()  # the saved cursor's (a restart goes on from it)
         self.baseline_done = False
         self.idle = asyncio.Event()
         self.failure: Exception | None = None
@@ -301,21 +302,27 @@ class CollectionSync:
                 )
                 checkpoint = Checkpoint(started=True)
             self.applied_seq = cursor.last_seq
-            self.applied = self._submitted = checkpoint
+            self.applied = self._submitted = self._durable = checkpoint
+            self.watcher.pin(checkpoint)
             self.baseline_done = cursor.baseline_done
             self.detector.caught_up(cursor.last_seq, now=time.monotonic())
         return cursor
 
     async def save(self) -> None:
+        applied = self.applied
+        # While the write is in flight, a restart may start from either.
+        self.watcher.pin(self._durable, applied)
         await self.cursors.put(
             Cursor(
                 collection=self.collection,
                 capabilitylist=self.capability_list,
                 last_seq=self.applied_seq,
-                checkpoint=self.applied,
+                checkpoint=applied,
                 baseline_done=self.baseline_done,
             )
         )
+        self.watcher.pin(applied)
+        self._durable = applied
 
     # -- the ordered pipeline ------------------------------------------------------------
 
