@@ -276,3 +276,27 @@ async def test_the_tail_cache_keeps_within_its_byte_budget_and_stays_correct(
         assert cache.hits > 0
     finally:
         await cache.close()
+
+
+async def test_an_unreachable_redis_is_named_without_its_password() -> None:
+    """The messages go to logs and /healthz: a URL's password never does."""
+    from rsnotify.errors import CursorStoreUnavailable
+    from rsnotify.subscriber.redis_cursor import RedisCursorStore
+    from tests.devstack import free_port
+
+    url = f"redis://rs:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens there
+    log = RedisLog(url, socket_timeout=0.5)
+    try:
+        with pytest.raises(LogUnavailable) as raised:
+            await log.head("c")
+        assert "s3cret-pw" not in str(raised.value)
+        assert "rs:<redacted>@127.0.0.1" in str(raised.value)
+    finally:
+        await log.close()
+    cursors = RedisCursorStore(url, "dest", socket_timeout=0.5, patience=0.5)
+    try:
+        with pytest.raises(CursorStoreUnavailable) as refused:
+            await cursors.get("c")
+        assert "s3cret-pw" not in str(refused.value) and "<redacted>" in str(refused.value)
+    finally:
+        await cursors.close()

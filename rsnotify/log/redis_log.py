@@ -66,6 +66,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import redisurl
+from ..logs import redact_url
 from . import Fenced, LogConflict, LogRecord, LogUnavailable, NotificationLog, Retention
 
 # Any (strict module): redis-py types replies as any RESP value; each reply's shape
@@ -149,8 +150,10 @@ def unavailable(exc: BaseException, url: str) -> LogUnavailable | None:
 
     None: an error retrying will not cure (a bug, a refused script), raised as
     it is.  One mapping for every Redis-backed store of the log's family, so a
-    failover, a loading replica or ``maxmemory`` are waited out alike.
+    failover, a loading replica or ``maxmemory`` are waited out alike.  The
+    message names ``url`` without its password: it goes to logs and ``/healthz``.
     """
+    url = redact_url(url)
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException)):
         return LogUnavailable(f"Redis at {url} unavailable: {exc}")
     if not isinstance(exc, ResponseError):
@@ -380,7 +383,7 @@ class RedisLog(NotificationLog):
         except (
             RedisConnectionError, RedisTimeoutError, OSError, TimeoutError, RedisClusterException
         ) as exc:  # fmt: skip
-            raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
+            raise LogUnavailable(f"Redis at {redact_url(self.url)} unavailable: {exc}") from None
         if not reply:
             return []
         return [_record(stream_id, fields) for stream_id, fields in reply[0][1]]

@@ -36,6 +36,7 @@ from .. import redisurl
 from ..backoff import Backoff
 from ..cancellation import raise_if_cancelled
 from ..errors import CursorStoreUnavailable
+from ..logs import redact_url
 from ..tracker import Checkpoint
 from .cursor import Cursor
 
@@ -61,6 +62,7 @@ class RedisCursorStore:
         self, url: str, destination: str, *, socket_timeout: float = 5.0, patience: float = 30.0
     ) -> None:
         self.url = url
+        self.where = redact_url(url)  # for messages: no password
         self.patience = patience
         self.destination = destination
         tag = "{" + destination + "}"
@@ -87,9 +89,9 @@ class RedisCursorStore:
         try:
             return await awaitable
         except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as exc:
-            raise CursorStoreUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
+            raise CursorStoreUnavailable(f"Redis at {self.where} unavailable: {exc}") from None
         except RedisError as exc:
-            raise CursorStoreUnavailable(f"Redis at {self.url}: {exc}") from None
+            raise CursorStoreUnavailable(f"Redis at {self.where}: {exc}") from None
 
     async def get(self, collection: str) -> Cursor | None:
         """The stored cursor; waits up to ``patience`` seconds for an unreachable Redis.

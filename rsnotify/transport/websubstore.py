@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..log import LogUnavailable
+from ..logs import redact_url
 from ..sqlitedb import SQLiteWorker, StoreUnavailable
 from .websubproto import Subscription
 
@@ -267,7 +268,7 @@ return 0
         try:
             return await coro
         except (RedisError, RedisClusterException, OSError) as exc:
-            raise LogUnavailable(f"Redis at {self.url} unavailable: {exc}") from None
+            raise LogUnavailable(f"Redis at {redact_url(self.url)} unavailable: {exc}") from None
 
     async def load(self) -> list[Subscription]:
         for before, now in self.BEFORE_TAGS.items():
