@@ -27,8 +27,7 @@ from datetime import datetime
 
 from .. import framework
 from ..cancellation import raise_if_cancelled
-from ..changes.snapshotwatch import SnapshotWatcher
-from ..changes.watcher import CollectionWatcher
+from ..changes.watcher import ChangeWatcher
 from ..envelope import Notification, to_json
 from ..errors import LogDiverged
 from ..framework import FrameworkChange
@@ -45,18 +44,14 @@ log = logging.getLogger("rsnotify.publish")
 RETENTION_INTERVAL = 60.0  # seconds between applications of age retention
 
 
-#: What detects a collection's changes: its Change Lists, or (a Source that has
-#: none) successive Resource List snapshots, behind one interface.
-Watcher = CollectionWatcher | SnapshotWatcher
-
-
 @dataclass(slots=True)
 class CollectionState:
     """One published collection: its watchers and the heads of its two log streams."""
 
     id: str
     capability_list: str
-    watcher: Watcher
+    # Its Change Lists, or (a Source that has none) successive Resource List snapshots.
+    watcher: ChangeWatcher
     head: int = 0
     trigger: asyncio.Event = field(default_factory=asyncio.Event)  # poll now (a ping, a file)
     framework: FrameworkWatcher | None = None  # with --websub and --framework-interval

@@ -29,7 +29,7 @@ from .. import discovery, sitemap
 from ..backoff import Backoff
 from ..changes.access import DirectoryAccess, DocumentAccess
 from ..changes.snapshotwatch import BlobStore, DirectoryBlobs, SnapshotWatcher
-from ..changes.watcher import CollectionWatcher
+from ..changes.watcher import ChangeWatcher, CollectionWatcher
 from ..collection import collection_id
 from ..errors import FetchError, RsNotifyError
 from ..fetch import Fetcher
@@ -39,7 +39,7 @@ from ..model import Capability
 from ..tracker import Checkpoint
 from .config import PublisherConfig
 from .frameworkwatch import FrameworkWatcher
-from .sequencer import CollectionState, Watcher
+from .sequencer import CollectionState
 from .tasks import pause
 
 log = logging.getLogger("rsnotify.publish")
@@ -171,7 +171,7 @@ async def open_collections(
         await retry(notification_log.register, cid, cap.url)
         checkpoint = Checkpoint.from_json(await retry(notification_log.checkpoint, cid))
         head = await retry(notification_log.head, cid)
-        watcher: Watcher
+        watcher: ChangeWatcher
         if changelist is not None:
             watcher = CollectionWatcher(
                 access=access,

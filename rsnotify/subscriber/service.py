@@ -33,7 +33,7 @@ from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
 from ..changes.access import HttpAccess
 from ..changes.snapshotwatch import DirectoryBlobs, SnapshotWatcher
-from ..changes.watcher import CollectionWatcher
+from ..changes.watcher import ChangeWatcher, CollectionWatcher
 from ..collection import collection_id
 from ..envelope import Notification
 from ..errors import RsNotifyError, listening
@@ -384,9 +384,7 @@ class Subscriber:
             reporter = SubscriberReporter(config.report, self).attach()
             self._tasks.append(asyncio.create_task(reporter.run()))
 
-    def _watcher_for(
-        self, cap: discovery.CapabilityListInfo, cid: str
-    ) -> CollectionWatcher | SnapshotWatcher | None:
+    def _watcher_for(self, cap: discovery.CapabilityListInfo, cid: str) -> ChangeWatcher | None:
         """How this collection's changes are found: its Change Lists, else its Resource List.
 
         A Capability List may offer no Change List at all (many Sources
