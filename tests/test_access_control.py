@@ -52,10 +52,10 @@ from websockets.sync.client import connect as ws_connect
 
 from rsnotify import envelope
 from rsnotify.model import ChangeType
-from rsnotify.subscriber.resources import ApplyRecord, ResourceStore
-from rsnotify.subscriber.service import default_state_dir
+from rsnotify.subscriber.resources import ApplyRecord
 from tests.devstack import ManagedProcess, Mosquitto, free_port, wait_for
 from tests.groundtruth import mirror_differences
+from tests.helpers import read_apply_log
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 PUBLISHER, SUBSCRIBER = "rsnotify-publisher", "rsnotify-subscriber"  # deploy/mosquitto.acl
@@ -225,14 +225,7 @@ def wait_converged(source: Source, mirror: Path, subscriber: ManagedProcess) -> 
 
 
 def apply_log(mirror: Path) -> list[ApplyRecord]:
-    async def read() -> list[ApplyRecord]:
-        store = ResourceStore(Path(default_state_dir(str(mirror))) / "resources.sqlite3")
-        try:
-            return await store.apply_log()
-        finally:
-            await store.close()
-
-    return asyncio.run(read())
+    return asyncio.run(read_apply_log(mirror))
 
 
 def pushed(mirror: Path) -> list[int]:
