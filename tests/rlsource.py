@@ -37,8 +37,19 @@ so a conditional GET of it is answered 304.  In index mode the rounds follow
 another (a per-part diff would see a deletion in one part and a creation in
 the other; the resource never went away), some touch every part.
 
-Time is a virtual clock a day in the past, one minute per round, in whole
-seconds: ``at``, ``<lastmod>`` and the files' modification times come from it.
+A test that needs exact contents and dates changes the Source itself:
+:meth:`~ResourceListSource.put` (with a chosen ``<lastmod>``, which a Source
+may date inside the interval, before it or after it) and
+:meth:`~ResourceListSource.delete`, then :meth:`~ResourceListSource.commit`,
+which rewrites the lists those touched as :meth:`round` does;
+:meth:`~ResourceListSource.rewrite_unchanged` regenerates every list to the
+same bytes with a new file time (a Source with nothing new that writes its
+lists anyway); :meth:`~ResourceListSource.snapshot` is what the lists say at
+a moment, for a test to compare two of them.
+
+Time is a virtual clock a day in the past, ``step`` seconds per round (a
+minute unless told), in whole seconds: ``at``, the default ``<lastmod>`` and
+the files' modification times come from it.
 ``python -m http.server`` sends ``Last-Modified`` in whole seconds and no ETag;
 a date written in the same second as it is served is weak (RFC 9110 section
 8.8.2.2) and a correct client must not trust it, so with real time whether a
@@ -49,10 +60,12 @@ round over round, so no change ever hides behind an unchanged date.
 
 Every file is written atomically (temporary file in the same directory,
 modification time set, ``os.replace``), resources before the lists that name
-them, lists before the index, and deleted files removed only once no list
-names them: a Destination reading at any moment sees a list whose entries
-exist (it may see the index of the last round with a part of this one, as
-with any Source that does not version its parts).
+them (:meth:`put` writes the file, the next :meth:`commit` lists it), lists
+before the index, and deleted files removed only once no list names them
+(:meth:`delete` unlists, the next :meth:`commit` removes): a Destination
+reading at any moment sees a list whose entries exist (it may see the index
+of the last round with a part of this one, as with any Source that does not
+version its parts).
 """
 
 from __future__ import annotations
@@ -62,8 +75,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -80,9 +92,12 @@ __all__ = [
     "LIST",
     "ROUND_KINDS",
     "Mode",
+    "Resource",
     "ResourceListSource",
     "Round",
+    "Snapshot",
     "requests",
+    "w3c",
 ]
 
 Mode = Literal["list", "index"]
@@ -103,7 +118,8 @@ ROUND_KINDS = ("one-part", "move", "one-part", "spread", "one-part")
 ODD = ("", " with space", " & more", " ü", "-ß-é")
 
 
-def _w3c(seconds: int) -> str:
+def w3c(seconds: int) -> str:
+    """A W3C datetime in UTC, whole seconds, as the lists write it."""
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -111,11 +127,21 @@ def _fixity(data: bytes) -> str:
     return f"md5:{hashlib.md5(data).hexdigest()} sha-256:{hashlib.sha256(data).hexdigest()}"
 
 
-@dataclass(slots=True)
-class _Resource:
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """One resource as the lists list it (frozen: a :class:`Snapshot` keeps it as it was)."""
+
     data: bytes
     lastmod: int  # virtual POSIX seconds
     part: int  # 0-based; always 0 in list mode
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the lists say at one moment: their ``at`` and every resource, by name under res/."""
+
+    at: int
+    resources: dict[str, Resource]
 
 
 @dataclass(slots=True)
@@ -139,19 +165,31 @@ class ResourceListSource:
     """A directory of ResourceSync documents and resources with no Change List."""
 
     def __init__(
-        self, root: Path, base: str, *, mode: Mode = "list", hashes: bool = True, parts: int = 3
+        self,
+        root: Path,
+        base: str,
+        *,
+        mode: Mode = "list",
+        hashes: bool = True,
+        parts: int = 3,
+        step: int = 60,
     ) -> None:
         self.root = root
         self.base = base.rstrip("/") + "/"
         self.mode: Mode = mode
         self.hashes = hashes
         self.parts = parts if mode == "index" else 1
-        self.resources: dict[str, _Resource] = {}  # name under res/ -> state
+        self.resources: dict[str, Resource] = {}  # name under res/ -> state
         self.clock = int(time.time()) - 86_400  # virtual seconds, see the module docstring
+        self.step = step  # virtual seconds from one round's 'at' to the next
         self.at = 0
         self.part_at: list[int] = [0] * self.parts
         self.rounds = 0
         self._created = 0
+        self._dirty: set[int] = set(range(self.parts))  # parts to rewrite at the next commit
+        self._doomed: set[str] = set()  # unlisted at the next commit, then removed
+        self._described = False  # Source Description and Capability List written
+        self._listed = Snapshot(0, {})  # what the lists say, as of the last commit
 
     # -- names ---------------------------------------------------------------
 
@@ -190,9 +228,43 @@ class ResourceListSource:
         os.utime(temp, (mtime, mtime))
         os.replace(temp, path)
 
-    def _put(self, name: str, data: bytes, part: int) -> None:
-        self.resources[name] = _Resource(data, self.clock, part)
+    def put(self, name: str, data: bytes, *, lastmod: int | None = None, part: int = 0) -> None:
+        """Write ``res/<name>`` now; the next :meth:`commit` lists it.
+
+        ``lastmod`` defaults to the clock; a resource already listed stays in
+        its part, a new one goes to ``part``.
+        """
+        old = self.resources.get(name)
+        home = old.part if old is not None else part
+        when = self.clock if lastmod is None else lastmod
         self._write("res/" + name, data, self.clock)
+        self.resources[name] = Resource(data, when, home)
+        self._doomed.discard(name)
+        self._dirty.add(home)
+
+    def delete(self, name: str) -> None:
+        """Unlist ``res/<name>`` at the next :meth:`commit`, which then removes the file."""
+        self._dirty.add(self.resources.pop(name).part)
+        self._doomed.add(name)
+
+    def _move(self, name: str, part: int) -> None:
+        """List ``res/<name>`` in another part from the next commit, unchanged."""
+        self._dirty.update((self.resources[name].part, part))
+        self.resources[name] = replace(self.resources[name], part=part)
+
+    def _part_document(self, part: int) -> bytes:
+        """One Resource List: section 10.1, plus the ``index`` link of section 10.2."""
+        links = f'<rs:ln rel="up" href={quoteattr(self.capability_list)}/>\n'
+        if self.mode == "index":
+            links += f'<rs:ln rel="index" href={quoteattr(self.url(INDEX))}/>\n'
+        names = sorted(n for n, r in self.resources.items() if r.part == part)
+        text = (
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<urlset {NS}>\n{links}'
+            f'<rs:md capability="resourcelist" at="{w3c(self.part_at[part])}"/>\n'
+            + "".join(self._entry(n) for n in names)
+            + "</urlset>\n"
+        )
+        return text.encode()
 
     def _entry(self, name: str) -> str:
         resource = self.resources[name]
@@ -201,59 +273,27 @@ class ResourceListSource:
             md = f'hash="{_fixity(resource.data)}" ' + md
         return (
             f"<url><loc>{escape(self.loc(name))}</loc>"
-            f"<lastmod>{_w3c(resource.lastmod)}</lastmod><rs:md {md}/></url>\n"
+            f"<lastmod>{w3c(resource.lastmod)}</lastmod><rs:md {md}/></url>\n"
         )
 
-    def _write_part(self, part: int) -> None:
-        """One Resource List: section 10.1, plus the ``index`` link of section 10.2."""
-        self.part_at[part] = self.at
-        links = f'<rs:ln rel="up" href={quoteattr(self.capability_list)}/>\n'
-        if self.mode == "index":
-            links += f'<rs:ln rel="index" href={quoteattr(self.url(INDEX))}/>\n'
-        names = sorted(n for n, r in self.resources.items() if r.part == part)
-        text = (
-            f'<?xml version="1.0" encoding="UTF-8"?>\n<urlset {NS}>\n{links}'
-            f'<rs:md capability="resourcelist" at="{_w3c(self.at)}"/>\n'
-            + "".join(self._entry(n) for n in names)
-            + "</urlset>\n"
-        )
-        self._write(self.part_name(part), text.encode(), self.at)
-
-    def _write_index(self) -> None:
+    def _index_document(self) -> bytes:
         """The Resource List Index, section 10.2; unchanged parts keep their own ``at``."""
         sitemaps = "".join(
             f"<sitemap><loc>{escape(self.url(self.part_name(p)))}</loc>"
-            f"<lastmod>{_w3c(self.part_at[p])}</lastmod>"
-            f'<rs:md at="{_w3c(self.part_at[p])}"/></sitemap>\n'
+            f"<lastmod>{w3c(self.part_at[p])}</lastmod>"
+            f'<rs:md at="{w3c(self.part_at[p])}"/></sitemap>\n'
             for p in range(self.parts)
         )
         text = (
             f'<?xml version="1.0" encoding="UTF-8"?>\n<sitemapindex {NS}>\n'
             f'<rs:ln rel="up" href={quoteattr(self.capability_list)}/>\n'
-            f'<rs:md capability="resourcelist" at="{_w3c(self.at)}"/>\n'
+            f'<rs:md capability="resourcelist" at="{w3c(self.at)}"/>\n'
             f"{sitemaps}</sitemapindex>\n"
         )
-        self._write(INDEX, text.encode(), self.at)
+        return text.encode()
 
-    def _publish_lists(self, parts: Iterable[int]) -> set[str]:
-        """Rewrite these parts, then the index (in index mode); returns what was rewritten."""
-        rewritten = set()
-        for part in sorted(set(parts)):
-            self._write_part(part)
-            rewritten.add(self.part_name(part))
-        if self.mode == "index":
-            self._write_index()
-            rewritten.add(INDEX)
-        return rewritten
-
-    def publish(self, rng: random.Random, *, count: int = 24) -> None:
-        """Write the Source Description, the Capability List, ``count`` resources and the lists."""
-        self.clock += 60
-        self.at = self.clock
-        for i in range(count):
-            name = f"base/{i:02d}{ODD[i % len(ODD)]}.txt"
-            self._put(name, self._content(name, rng), i % self.parts)
-        self._publish_lists(range(self.parts))
+    def _describe(self) -> None:
+        """The Capability List (one capability, ``resourcelist``) and the Source Description."""
         capabilities = (
             f'<?xml version="1.0" encoding="UTF-8"?>\n<urlset {NS}>\n'
             f'<rs:ln rel="up" href={quoteattr(self.url(DESCRIPTION))}/>\n'
@@ -269,6 +309,68 @@ class ResourceListSource:
             '<rs:md capability="capabilitylist"/></url>\n</urlset>\n'
         )
         self._write(DESCRIPTION, description.encode(), self.at)
+        self._described = True
+
+    def _tick(self) -> None:
+        """The next round's ``at``: one step on, strictly later than any file time written."""
+        self.clock += self.step
+        self.at = self.clock
+
+    def _publish_lists(self) -> set[str]:
+        """Rewrite the parts that changed, then the index; then remove what was deleted.
+
+        The parts are those :meth:`put`, :meth:`delete` and a move touched
+        (every part, the first time, and then the Capability List and Source
+        Description too).  Returns the list documents rewritten.
+        """
+        rewritten = set()
+        for part in sorted(self._dirty):
+            self.part_at[part] = self.at
+            self._write(self.part_name(part), self._part_document(part), self.at)
+            rewritten.add(self.part_name(part))
+        if self.mode == "index":
+            self._write(INDEX, self._index_document(), self.at)
+            rewritten.add(INDEX)
+        if not self._described:
+            self._describe()
+        for name in sorted(self._doomed):
+            (self.root / "res" / name).unlink()
+        self._dirty, self._doomed = set(), set()
+        self._listed = Snapshot(self.at, dict(self.resources))
+        return rewritten
+
+    def commit(self) -> set[str]:
+        """A new round of the lists, ``step`` after the last, with what was put and deleted.
+
+        Returns the list documents rewritten (the index, and the parts that changed).
+        """
+        self._tick()
+        return self._publish_lists()
+
+    def rewrite_unchanged(self) -> None:
+        """Regenerate every list as it is: the same bytes, a new file time (and no new ``at``).
+
+        The clock moves a step, so the next :meth:`commit`'s ``at`` is a step
+        later than this file time (its Last-Modified never equals this one).
+        """
+        assert not self._dirty, "rewrite_unchanged with changes not committed"
+        self.clock += self.step
+        for part in range(self.parts):
+            self._write(self.part_name(part), self._part_document(part), self.clock)
+        if self.mode == "index":
+            self._write(INDEX, self._index_document(), self.clock)
+
+    def snapshot(self) -> Snapshot:
+        """What the lists say now: as of the last commit, round or publish, not since."""
+        return self._listed
+
+    def publish(self, rng: random.Random, *, count: int = 24) -> None:
+        """Write the Source Description, the Capability List, ``count`` resources and the lists."""
+        self._tick()
+        for i in range(count):
+            name = f"base/{i:02d}{ODD[i % len(ODD)]}.txt"
+            self.put(name, self._content(name, rng), part=i % self.parts)
+        self._publish_lists()
 
     def _content(self, name: str, rng: random.Random, *, like: bytes | None = None) -> bytes:
         """New content for ``name``; with ``like``, different bytes of the same length."""
@@ -285,8 +387,7 @@ class ResourceListSource:
     ) -> Round:
         """Create, update and delete resources, then rewrite the lists that changed."""
         self.rounds += 1
-        self.clock += 60
-        self.at = self.clock
+        self._tick()
         kind = ROUND_KINDS[(self.rounds - 1) % len(ROUND_KINDS)] if self.mode == "index" else "list"
         done = Round(kind)
         home = rng.randrange(self.parts)
@@ -297,31 +398,26 @@ class ResourceListSource:
         rng.shuffle(candidates)
         doomed = candidates[:deletes]
         touched = candidates[deletes : deletes + updates]
-        changed_parts = {self.resources[n].part for n in doomed + touched}
         for number, name in enumerate(touched):
-            old = self.resources[name]
-            data = self._content(name, rng, like=old.data if number % 2 == 0 else None)
-            self._put(name, data, old.part)
+            old = self.resources[name].data
+            self.put(name, self._content(name, rng, like=old if number % 2 == 0 else None))
             done.updated.add(self.loc(name))
         for _ in range(creates):
             self._created += 1
             name = f"r{self.rounds:02d}/new{self._created:03d}{ODD[self._created % len(ODD)]}.txt"
             part = home if kind in ("one-part", "move") else rng.randrange(self.parts)
-            self._put(name, self._content(name, rng), part)
-            changed_parts.add(part)
+            self.put(name, self._content(name, rng), part=part)
             done.created.add(self.loc(name))
         if kind == "move":
             target = (home + 1 + rng.randrange(self.parts - 1)) % self.parts
             still = [n for n in candidates[deletes + updates :]]
             for name in [*still[:1], *touched[:1]]:  # one as it is, one just updated
-                self.resources[name].part = target
+                self._move(name, target)
                 done.moved.add(self.loc(name))
-            changed_parts.add(target)
-        gone = [(name, self.resources.pop(name)) for name in doomed]
-        done.deleted = {self.loc(name) for name, _ in gone}
-        done.rewritten = self._publish_lists(changed_parts)
-        for name, _ in gone:
-            (self.root / "res" / name).unlink()
+        for name in doomed:
+            self.delete(name)
+            done.deleted.add(self.loc(name))
+        done.rewritten = self._publish_lists()
         return done
 
     # -- what a mirror must hold ---------------------------------------------

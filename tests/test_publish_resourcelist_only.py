@@ -1,6 +1,7 @@
 """``rsnotify publish`` of a Source that offers only a Resource List (issue 23, item 2).
 
-The Source is files behind ``python -m http.server`` (no ETag,
+The Source (:mod:`tests.rlsource`, in list mode, ten virtual minutes between
+two snapshots) is files behind ``python -m http.server`` (no ETag,
 ``Last-Modified`` in whole seconds), as most small repositories are: a
 Capability List that offers a Resource List and no Change List.  The real
 ``rsnotify publish`` runs against it, with the embedded SQLite log and with
@@ -18,15 +19,10 @@ round, whose polls the Source answers ``304``.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import os
-import re
 import sqlite3
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +32,7 @@ from rsnotify import framework
 from rsnotify.collection import collection_id
 from rsnotify.publisher.changelists import INDEX_NAME
 from tests.devstack import HttpServer, ManagedProcess, Redis, free_port, wait_for
+from tests.rlsource import LIST, ResourceListSource, Snapshot, requests, w3c
 from tests.test_changelist_writer import (
     entry_fields,
     expected_from_log,
@@ -44,126 +41,35 @@ from tests.test_changelist_writer import (
     written_entries,
 )
 
-NS = (
-    'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
-    'xmlns:rs="http://www.openarchives.org/rs/terms/"'
-)
-START = datetime(2025, 3, 1, tzinfo=UTC)
-ROUND = timedelta(minutes=10)  # between two snapshots' 'at'
+MINUTE = 60
+ROUND = 10 * MINUTE  # virtual seconds between two snapshots' 'at'
+DAY = 86_400
 TIMEOUT = 30.0
 
 
-def _w3c(when: datetime) -> str:
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(frozen=True)
-class State:
-    """One resource as the Resource List lists it."""
-
-    sha256: str
-    length: int
-    lastmod: datetime
-
-
-class ResourceListSource:
-    """A Capability List offering only a Resource List, and the resources, in a directory."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        self.base = ""
-        self.at = START
-        self.resources: dict[str, State] = {}  # name -> state
-
-    def _write(self, name: str, data: bytes) -> None:
-        path = self.root / name
-        temp = path.with_name(f".{path.name}.tmp")
-        temp.write_bytes(data)
-        os.replace(temp, path)
-
-    def start(self, base: str) -> None:
-        self.base = base
-        self._write(
-            "capabilitylist.xml",
-            (
-                f'<?xml version="1.0" encoding="UTF-8"?>\n<urlset {NS}>\n'
-                '<rs:md capability="capabilitylist"/>\n'
-                f"<url><loc>{base}/resourcelist.xml</loc>"
-                '<rs:md capability="resourcelist"/></url>\n</urlset>\n'
-            ).encode(),
-        )
-
-    @property
-    def capability_list(self) -> str:
-        return f"{self.base}/capabilitylist.xml"
-
-    @property
-    def resourcelist(self) -> str:
-        return f"{self.base}/resourcelist.xml"
-
-    def loc(self, name: str) -> str:
-        return f"{self.base}/res/{name}"
-
-    def put(self, name: str, body: str, lastmod: datetime) -> None:
-        data = body.encode()
-        (self.root / "res").mkdir(exist_ok=True)
-        self._write(f"res/{name}", data)
-        self.resources[name] = State(hashlib.sha256(data).hexdigest(), len(data), lastmod)
-
-    def delete(self, name: str) -> None:
-        del self.resources[name]
-        (self.root / "res" / name).unlink()
-
-    def _document(self) -> bytes:
-        urls = "".join(
-            f"<url><loc>{self.loc(name)}</loc><lastmod>{_w3c(s.lastmod)}</lastmod>"
-            f'<rs:md hash="sha-256:{s.sha256}" length="{s.length}"/></url>\n'
-            for name, s in sorted(self.resources.items())
-        )
-        return (
-            f'<?xml version="1.0" encoding="UTF-8"?>\n<urlset {NS}>\n'
-            f'<rs:ln rel="up" href="{self.capability_list}"/>\n'
-            f'<rs:md capability="resourcelist" at="{_w3c(self.at)}"/>\n{urls}</urlset>\n'
-        ).encode()
-
-    def publish(self) -> dict[str, State]:
-        """A new snapshot, ``ROUND`` after the last; returns what it lists."""
-        self.at += ROUND
-        self._write("resourcelist.xml", self._document())
-        return dict(self.resources)
-
-    def rewrite_unchanged(self) -> None:
-        """The Source regenerates the same list (same bytes, a new file time)."""
-        self._write("resourcelist.xml", self._document())
-
-
 def expected_changes(
-    source: ResourceListSource,
-    before: dict[str, State],
-    after: dict[str, State],
-    since: datetime,
-    at: datetime,
+    source: ResourceListSource, before: Snapshot, after: Snapshot
 ) -> list[dict[str, Any]]:
     """What the publisher must log between two snapshots (the issue's rules, written anew)."""
+    since, at = before.at, after.at
     out = []
-    for name in sorted(set(before) | set(after)):
-        old, new = before.get(name), after.get(name)
+    for name in sorted(before.resources.keys() | after.resources.keys()):
+        old, new = before.resources.get(name), after.resources.get(name)
         if new is None:
             change, when = "deleted", at
-        elif old is None or old.sha256 != new.sha256:
+        elif old is None or old.data != new.data:
             change = "created" if old is None else "updated"
             when = new.lastmod if since < new.lastmod <= at else at
-        else:
+        else:  # unchanged, or only listed in another part
             continue
         out.append({"loc": source.loc(name), "change": change, "datetime": when})
     out.sort(key=lambda c: (c["datetime"], c["change"] == "deleted", c["loc"]))
-    derived = {"resourcelist": source.resourcelist, "from": _w3c(since), "until": _w3c(at)}
+    derived = {"resourcelist": source.resource_list, "from": w3c(since), "until": w3c(at)}
     return [
         {
             "loc": c["loc"],
             "change": c["change"],
-            "datetime": _w3c(c["datetime"]),
+            "datetime": w3c(c["datetime"]),
             "derived": derived,
         }
         for c in out
@@ -249,8 +155,7 @@ class Scenario:
         self.start_publisher = start_publisher
         self.publisher = start_publisher()
         self.expected: list[dict[str, Any]] = []
-        self.snapshot: dict[str, State] = {}
-        self.snapshot_at = source.at
+        self.snapshot = source.snapshot()
         self.resumed: set[int] = set()  # seqs logged first by a publisher started mid-diff
         self.after_hole: dict[int, str] = {}  # seq -> the re-recorded snapshot's 'at'
 
@@ -259,8 +164,7 @@ class Scenario:
 
     def list_requests(self, status: int) -> int:
         """GETs of the Resource List the Source answered with ``status``, so far."""
-        pattern = re.compile(rf'"GET /resourcelist\.xml HTTP/1\.[01]" {status} ')
-        return len(pattern.findall(self.server.log_text()))
+        return requests(self.server).count((LIST, status))
 
     def wait_recorded(self) -> None:
         """The first read records the snapshot in the checkpoint, and logs nothing."""
@@ -271,15 +175,14 @@ class Scenario:
             message=lambda: "the first snapshot was never recorded\n" + self._tail(),
         )
         assert self.reader.records() == []
-        self.snapshot, self.snapshot_at = dict(self.source.resources), self.source.at
+        self.snapshot = self.source.snapshot()
 
     def publish_round(self) -> None:
         """The Source publishes a new snapshot; what it changed is expected in the log."""
-        after = self.source.publish()
-        self.expected += expected_changes(
-            self.source, self.snapshot, after, self.snapshot_at, self.source.at
-        )
-        self.snapshot, self.snapshot_at = after, self.source.at
+        self.source.commit()
+        after = self.source.snapshot()
+        self.expected += expected_changes(self.source, self.snapshot, after)
+        self.snapshot = after
 
     def wait_logged(self) -> None:
         """The log reaches exactly what is expected: dense seqs, the derived changes, marked."""
@@ -299,7 +202,7 @@ class Scenario:
             {k: obj.get(k) for k in ("loc", "change", "datetime", "derived")} for _, obj in records
         ]
         assert got == self.expected
-        assert all(obj["changelist"] == self.source.resourcelist for _, obj in records)
+        assert all(obj["changelist"] == self.source.resource_list for _, obj in records)
         # Change Notification intervals chain: each change's "from" is the datetime
         # of the change logged before it (absent when that is not earlier), across
         # batches and detection passes too.  ``resumed``: the first seq a publisher
@@ -334,25 +237,27 @@ def _changes(source: ResourceListSource, n: int) -> None:
     interval), one delete."""
     at = source.at  # the previous snapshot's
     names = sorted(source.resources)
-    source.put(f"new{n}a.txt", f"created in round {n}", at + timedelta(minutes=3))
-    source.put(f"new{n}b.txt", f"created in round {n}, b", at + timedelta(minutes=1))
+    source.put(f"new{n}a.txt", f"created in round {n}".encode(), lastmod=at + 3 * MINUTE)
+    source.put(f"new{n}b.txt", f"created in round {n}, b".encode(), lastmod=at + MINUTE)
     first, second, third = names[0], names[1], names[-1]
-    source.put(first, f"{first} updated in round {n}", at + timedelta(minutes=2))
+    source.put(first, f"{first} updated in round {n}".encode(), lastmod=at + 2 * MINUTE)
     # A Source that does not move lastmod, and one that dates it after the snapshot.
-    source.put(second, f"{second} updated in round {n}", source.resources[second].lastmod)
-    source.put(third, f"{third} updated in round {n}", at + ROUND + timedelta(days=1))
+    unmoved = source.resources[second].lastmod
+    source.put(second, f"{second} updated in round {n}".encode(), lastmod=unmoved)
+    source.put(third, f"{third} updated in round {n}".encode(), lastmod=at + ROUND + DAY)
     source.delete(names[2])
 
 
 @pytest.fixture
 def rl_source(tmp_path: Path) -> Iterator[tuple[ResourceListSource, HttpServer]]:
-    source = ResourceListSource(tmp_path / "docroot")
-    server = HttpServer(tmp_path / "http.server", source.root).start()
+    root = tmp_path / "docroot"
+    root.mkdir()
+    server = HttpServer(tmp_path / "http.server", root).start()
     try:
-        source.start(server.url)
+        source = ResourceListSource(root, server.url, step=ROUND)
         for i in range(8):
-            source.put(f"r{i}.txt", f"resource {i}", START - timedelta(days=1))
-        source.publish()
+            source.put(f"r{i}.txt", f"resource {i}".encode(), lastmod=source.clock - DAY)
+        source.commit()
         yield source, server
     finally:
         server.stop()
@@ -458,16 +363,16 @@ def test_lost_snapshot_maps_make_the_publisher_record_again_not_stop(
         blob.unlink()
     # The changes of this round cannot be told apart: the snapshot is recorded again.
     _changes(source, 2)
-    source.publish()
-    scenario.snapshot, scenario.snapshot_at = dict(source.resources), source.at
+    source.commit()
+    scenario.snapshot = source.snapshot()
     wait_for(
-        lambda: _w3c(source.at) in (reader.checkpoint() or ""),
+        lambda: w3c(source.at) in (reader.checkpoint() or ""),
         TIMEOUT,
         interval=0.05,
         message=lambda: "the snapshot was never recorded again\n" + scenario.publisher.tail(),
     )
     assert "map of its previous snapshot is gone" in scenario.publisher.output()
-    scenario.after_hole[len(reader.records()) + 1] = _w3c(source.at)
+    scenario.after_hole[len(reader.records()) + 1] = w3c(source.at)
     scenario.check_log()  # round 1 alone
     _changes(source, 3)
     scenario.publish_round()
@@ -553,7 +458,7 @@ def test_a_diff_longer_than_a_detection_pass_is_logged_whole_across_a_kill(
     scenario.wait_recorded()
     at = source.at
     for i in range(4500):
-        source.put(f"bulk{i:05}.txt", f"bulk {i}", at + timedelta(seconds=i % 450))
+        source.put(f"bulk{i:05}.txt", f"bulk {i}".encode(), lastmod=at + i % 450)
     scenario.publish_round()
     wait_for(lambda: len(reader.records()) >= 1000, TIMEOUT, interval=0.005)
     scenario.publisher.kill()
