@@ -8,6 +8,8 @@ by what was read, not by timing.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -384,3 +386,15 @@ def test_the_maps_of_a_pinned_checkpoint_outlive_later_commits(tmp_path: Path) -
     source.publish()
     restarted = _watcher(source, access, tmp_path / "maps", durable)
     assert _changes(_poll_and_commit(restarted)) == [("a", ChangeType.UPDATED)]
+
+
+def test_a_snapshot_watcher_never_loads_the_http_client() -> None:
+    """The HTTP client is 11 MB of RSS: a directory watcher does without it."""
+    code = (
+        "import sys, rsnotify.changes.snapshotwatch, rsnotify.changes.access; "
+        "print(sorted(m for m in ('aiohttp', 'yarl', 'rsnotify.fetch') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
