@@ -184,8 +184,9 @@ class CountingAccess(DirectoryAccess):
         etag: str | None = None,
         last_modified: str | None = None,
         range_start: int | None = None,
+        stream: bool = False,
     ) -> Fetched:
-        got = await super().read(url, etag=etag, last_modified=last_modified)
+        got = await super().read(url, etag=etag, last_modified=last_modified, stream=stream)
         if not got.not_modified:
             name = url.rsplit("/", 1)[1]
             self.bodies[name] = self.bodies.get(name, 0) + 1
@@ -253,6 +254,16 @@ class DirSource:
         self._write("resourcelist-index.xml", serialize(index))
 
 
+def _index_source(tmp_path: Path, names: str, parts: int) -> DirSource:
+    """A published Resource List Index: one resource per name, dealt round the parts."""
+    source = DirSource(tmp_path / "src", parts=parts)
+    source.root.mkdir()
+    for i, n in enumerate(names):
+        source.set(n, 1, part=i % parts)
+    source.publish()
+    return source
+
+
 def _watcher(
     source: DirSource, access: DirectoryAccess, blobs: Path, checkpoint: Checkpoint, **kw: object
 ) -> SnapshotWatcher:
@@ -313,11 +324,7 @@ def test_single_list_first_read_records_then_changes_are_derived(tmp_path: Path)
 
 
 def test_an_index_reads_only_the_part_that_changed_and_sees_moves(tmp_path: Path) -> None:
-    source = DirSource(tmp_path / "src", parts=3)
-    source.root.mkdir()
-    for i, n in enumerate("abcdefghi"):
-        source.set(n, 1, part=i % 3)
-    source.publish()
+    source = _index_source(tmp_path, "abcdefghi", parts=3)
     access = CountingAccess(source.root)
     watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
     _poll_and_commit(watcher)
@@ -468,11 +475,7 @@ def test_unchanged_bytes_are_hashed_and_never_parsed(
 ) -> None:
     """Without validators every part is read again; only the one whose bytes changed is
     parsed (a reader built for the others held their bodies until the cyclic GC ran)."""
-    source = DirSource(tmp_path / "src", parts=3)
-    source.root.mkdir()
-    for i, n in enumerate("abcdef"):
-        source.set(n, 1, part=i % 3)
-    source.publish()
+    source = _index_source(tmp_path, "abcdef", parts=3)
     watcher = _watcher(source, NoValidatorsAccess(source.root), tmp_path / "maps", Checkpoint())
     _poll_and_commit(watcher)
     parsed: list[bytes] = []
@@ -488,6 +491,27 @@ def test_unchanged_bytes_are_hashed_and_never_parsed(
     assert _changes(_poll_and_commit(watcher)) == [("b", ChangeType.UPDATED)]
     assert len(parsed) == 2  # the index, and part 1 only
     assert b"part1.xml" in parsed[0] and b"/res/b<" in parsed[1]
+
+
+def test_parts_of_a_directory_source_are_streamed_from_their_files(tmp_path: Path) -> None:
+    """A part is hashed and parsed from its open file (never held as bytes), then closed."""
+    source = _index_source(tmp_path, "abcd", parts=2)
+    reads: list[Fetched] = []
+
+    class Recording(DirectoryAccess):
+        async def read(self, url: str, **kw: object) -> Fetched:
+            got = await super().read(url, **kw)  # type: ignore[arg-type]
+            reads.append(got)
+            return got
+
+    watcher = _watcher(source, Recording(source.root), tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    source.set("c", 3, part=0)
+    source.publish()
+    assert _changes(_poll_and_commit(watcher)) == [("c", ChangeType.UPDATED)]
+    bodies = [r for r in reads if not r.not_modified]
+    assert len(bodies) == 5  # index + 2 parts, then index + part 0
+    assert all(r.file is not None and r.file.closed and r.body == b"" for r in bodies)
 
 
 def test_a_snapshot_watcher_never_loads_the_http_client() -> None:

@@ -14,13 +14,13 @@ and ``lastmod``, else nothing (then only creation and deletion are seen).
 A snapshot keeps, per part (the Resource List itself, or each list a
 Resource List Index names), a map of loc to an 8-byte digest of that
 fingerprint, stored outside the checkpoint (:class:`MapWriter`): a
-million-resource Source costs about 30 MB of maps on disk and nothing in
+million-resource Source costs about 15 MB of maps on disk and nothing in
 memory while it does not change.
 
 Comparing a part holds neither map as strings (issue 23: a million-resource
 index set diffed within 50 MB).  The old map is streamed out of its
 compressed bytes into a :class:`_LocTable` of integers, each loc as a
-128-bit blake2b key (three 8-byte slots per resource, about 3 MB for 50,000);
+128-bit blake2b key (3.8 MB for 50,000 resources, :class:`_LocTable`);
 the new map is compressed as the entries stream by; the locs of deletions are
 named by streaming the old map once more.  With 128-bit keys two locs of one
 comparison share a key with probability about n^2 / 2^129 (1e-27 for a
@@ -181,9 +181,9 @@ class _LocTable:
     """Loc keys -> old fingerprints in flat arrays (open addressing, linear probing).
 
     A dict of 50,000 str locs costs about 10 MB, one of int keys about 6;
-    this table, kept at most half full, 3.5 MB: three ``array('Q')`` slots,
-    the record's ordinal in the old map and a flag byte per slot, no Python
-    object per resource.
+    this table, kept at most half full, 3.8 MB: per slot the key's two
+    halves and the fingerprint (``array('Q')``), the record's ordinal in the
+    old map (``array('I')``) and a flag byte; no Python object per resource.
     """
 
     __slots__ = ("flags", "fps", "his", "los", "mask", "ordinals", "used")
@@ -198,7 +198,7 @@ class _LocTable:
         self.his = array("Q", bytes(8 * size))
         self.los = array("Q", bytes(8 * size))
         self.fps = array("Q", bytes(8 * size))
-        self.ordinals = array("L", bytes(array("L").itemsize * size))
+        self.ordinals = array("I", bytes(array("I").itemsize * size))
         self.flags = bytearray(size)
         self.mask = size - 1
         self.used = 0

@@ -14,7 +14,10 @@ What a poll costs
     (a server without validators), is not parsed: a Source of a million
     resources in 20 parts that changed one part costs one parse of 50,000
     entries and that part's maps in memory, as compressed bytes and a table
-    of integers (:func:`.snapshot.compare_part`).
+    of integers (:func:`.snapshot.compare_part`).  A part of a directory
+    Source is hashed and parsed from its open file, never held as bytes; over
+    HTTP the body is received whole.  ``bench.snapshot_diff``: 40 MB peak RSS
+    for that poll, 33 MB of it the interpreter and libraries.
 
 Where the maps live
     In a :class:`BlobStore`, by content (:func:`.snapshot.map_key`), written
@@ -42,6 +45,7 @@ import logging
 import os
 import re
 from collections import deque
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -324,7 +328,20 @@ class SnapshotWatcher:
             url,
             etag=validators.etag if validators else None,
             last_modified=validators.last_modified if validators else None,
+            stream=True,
         )
+        with closing(top):
+            return await self._compare_top(top, before, validators, keep_changes)
+
+    async def _compare_top(
+        self,
+        top: Fetched,
+        before: SnapshotState,
+        validators: SnapshotState | None,
+        keep_changes: bool,
+    ) -> _Read | None:
+        """:meth:`_compare` once the Resource List (or Index) is read (``top``, open)."""
+        url = self.resourcelist_url
         if top.not_modified and (validators is None or not validators.index):
             return None
         # Recording keeps no changes: a first read of a million resources holds one
@@ -338,7 +355,7 @@ class SnapshotWatcher:
             part_urls = list(validators.parts)
             times: list[datetime | None] = [validators.at]
         else:
-            digest = _digest(top.body)
+            digest = await _digest(top)
             same = before.parts.get(url)
             if not before.index and same is not None and same.digest == digest:
                 # The bytes of the Resource List compared last time: not parsed.
@@ -372,7 +389,8 @@ class SnapshotWatcher:
         return _Read(state, changes)
 
     def _reader(self, fetched: Fetched, *, part: bool = False) -> sitemap.DocumentReader:
-        reader = sitemap.DocumentReader(fetched.body, limits=self.limits)
+        source = fetched.file if fetched.file is not None else fetched.body
+        reader = sitemap.DocumentReader(source, limits=self.limits)
         header = reader.header
         what = "a Resource List Index part" if part else "the Resource List"
         if header.capability != Capability.RESOURCELIST:
@@ -409,17 +427,19 @@ class SnapshotWatcher:
             url,
             etag=seen.etag if seen else None,
             last_modified=seen.last_modified if seen else None,
+            stream=True,
         )
-        if fetched.not_modified:  # 304: as read last time
-            assert seen is not None
-            return seen
-        digest = _digest(fetched.body)
-        old = before.parts.get(url)
-        if old is not None and old.digest == digest:
-            return _unchanged(old, fetched, digest)
-        reader = self._reader(fetched, part=True)
-        times.append(reader.header.at)
-        return await self._compare_part(url, fetched, reader, digest, old, diff)
+        with closing(fetched):
+            if fetched.not_modified:  # 304: as read last time
+                assert seen is not None
+                return seen
+            digest = await _digest(fetched)
+            old = before.parts.get(url)
+            if old is not None and old.digest == digest:
+                return _unchanged(old, fetched, digest)
+            reader = self._reader(fetched, part=True)
+            times.append(reader.header.at)
+            return await self._compare_part(url, fetched, reader, digest, old, diff)
 
     async def _compare_part(
         self,
@@ -450,9 +470,23 @@ class SnapshotWatcher:
         return data
 
 
-def _digest(body: bytes) -> str:
-    """A part's body digest: an unconditional re-read of the same bytes is no change."""
-    return hashlib.sha256(body).hexdigest()
+async def _digest(fetched: Fetched) -> str:
+    """A part's body digest: an unconditional re-read of the same bytes is no change.
+
+    A file is hashed where it is (off the loop) and rewound for the reader.
+    """
+    if fetched.file is None:
+        return hashlib.sha256(fetched.body).hexdigest()
+    file = fetched.file
+
+    def digest() -> str:
+        value = hashlib.sha256()
+        while chunk := file.read(1 << 18):
+            value.update(chunk)
+        file.seek(0)
+        return value.hexdigest()
+
+    return await asyncio.to_thread(digest)
 
 
 def _unchanged(part: PartState, fetched: Fetched, digest: str) -> PartState:
