@@ -8,20 +8,25 @@ by what was read, not by timing.
 from __future__ import annotations
 
 import asyncio
+import base64
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rsnotify import sitemap
 from rsnotify.changes.access import DirectoryAccess, Fetched
 from rsnotify.changes.snapshot import (
     Diff,
     compare_part,
-    decode_map,
     derived_time,
     encode_map,
     fingerprint,
+    iter_map,
     settle,
 )
 from rsnotify.changes.snapshotwatch import DirectoryBlobs, SnapshotWatcher
@@ -56,8 +61,72 @@ def test_fingerprint_prefers_the_strongest_hash_then_length_and_lastmod() -> Non
 
 def test_maps_round_trip_odd_locs() -> None:
     states = {f"{BASE}/a b&c/é/😀/{i}": fingerprint(_entry(str(i), length=i)) for i in range(50)}
-    assert decode_map(encode_map(states)) == states
-    assert decode_map(encode_map({})) == {}
+    assert dict(iter_map(encode_map(states))) == states
+    assert dict(iter_map(encode_map({}))) == {}
+
+
+# A map as rsnotify stored it before maps were streamed (the format is unchanged):
+# a, b and "c d&é" with lengths 1, 2, 3.  Frozen here so a format change fails.
+EARLIER_MAP = base64.b64decode(
+    "eJyFy8ENgzAMBdCMwoljYhwiu2zjhE85tAIlqcRKnaOLdQTe/YnNM8AoyaaUS3Z77+cSQjs+tcDjsvf5gj/qM1S0"
+    "YG6ySMq6EoSj6HYTsqNNVaI8QJwSk96EMqzj7+v+jMMxMw=="
+)
+
+
+def test_a_map_stored_by_an_earlier_version_is_read_and_keeps_its_key() -> None:
+    earlier = {f"{BASE}/res/{n}": fingerprint(_entry(n, length=i + 1)) for i, n in enumerate(
+        ["a", "b", "c d&é"]
+    )}  # fmt: skip
+    assert dict(iter_map(EARLIER_MAP)) == earlier
+    assert encode_map(earlier) == EARLIER_MAP  # same map, same bytes: same content key
+    diff = Diff()
+    new_map, count = compare_part(
+        EARLIER_MAP, [_entry("a", length=1), _entry("b", length=5), _entry("e", length=1)], diff
+    )
+    assert [e.loc for e in diff.changed] == [f"{BASE}/res/b"]
+    assert [e.loc for e, _ in diff.added] == [f"{BASE}/res/e"]
+    assert diff.removed == {f"{BASE}/res/c d&é": earlier[f"{BASE}/res/c d&é"]}
+    assert count == 3 and len(dict(iter_map(new_map))) == 3
+
+
+_LOCS = st.sampled_from(
+    [f"{BASE}/res/{i}" for i in range(40)] + [f"{BASE}/é/ x&{i}" for i in range(3)]
+)
+_STATES = st.lists(st.tuples(_LOCS, st.integers(0, 3)), max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(old=_STATES, new=_STATES, expected=st.sampled_from([0, 5, 200]))
+def test_compare_part_agrees_with_plain_dicts(
+    old: list[tuple[str, int]], new: list[tuple[str, int]], expected: int
+) -> None:
+    """The integer table (growing, probing, locs listed twice) decides as dicts of locs do."""
+    old_map: dict[str, bytes] = {}
+    for loc, length in old:  # stored twice: the last state counts
+        old_map[loc] = fingerprint(Entry(loc=loc, length=length))
+    stored = b"".join(  # a map holding each loc as often as the old part listed it
+        b"%s\0%s\0" % (fingerprint(Entry(loc=loc, length=n)).hex().encode(), loc.encode())
+        for loc, n in old
+    )
+    import zlib
+
+    entries = [Entry(loc=loc, length=length) for loc, length in new]
+    diff = Diff()
+    data, count = compare_part(zlib.compress(stored), entries, diff, expected=expected)
+    model: dict[str, bytes] = {}
+    changed, added = [], []
+    for entry in entries:
+        fp = fingerprint(entry)
+        model[entry.loc] = fp
+        before = old_map.get(entry.loc)
+        if before is None:
+            added.append((entry, fp))
+        elif before != fp:
+            changed.append(entry)
+    assert diff.changed == changed and diff.added == added
+    assert diff.removed == {loc: fp for loc, fp in old_map.items() if loc not in model}
+    assert dict(iter_map(data)) == model and count == len(model)
+    assert compare_part(b"", entries, None) == (data, count)
 
 
 def test_derived_time_believes_lastmod_only_inside_the_interval() -> None:
@@ -73,8 +142,8 @@ def test_derived_time_believes_lastmod_only_inside_the_interval() -> None:
 def test_created_updated_deleted_and_a_move_between_parts() -> None:
     since, at = T0, T0 + timedelta(hours=1)
     a, b, c, d = (_entry(n, length=1) for n in "abcd")
-    part1 = {e.loc: fingerprint(e) for e in (a, b)}
-    part2 = {e.loc: fingerprint(e) for e in (c, d)}
+    part1 = encode_map({e.loc: fingerprint(e) for e in (a, b)})
+    part2 = encode_map({e.loc: fingerprint(e) for e in (c, d)})
     diff = Diff()
     b2 = _entry("b", length=2, lastmod=T0 + timedelta(minutes=1))
     e = _entry("e", length=1)
@@ -92,8 +161,8 @@ def test_created_updated_deleted_and_a_move_between_parts() -> None:
 def test_a_moved_resource_that_changed_is_updated() -> None:
     a = _entry("a", length=1)
     diff = Diff()
-    compare_part({a.loc: fingerprint(a)}, [], diff)
-    compare_part({}, [_entry("a", length=9)], diff)
+    compare_part(encode_map({a.loc: fingerprint(a)}), [], diff)
+    compare_part(b"", [_entry("a", length=9)], diff)
     (change,) = settle(diff, since=T0, at=T0 + timedelta(hours=1))
     assert change.change is ChangeType.UPDATED and change.length == 9
 
@@ -115,8 +184,9 @@ class CountingAccess(DirectoryAccess):
         etag: str | None = None,
         last_modified: str | None = None,
         range_start: int | None = None,
+        stream: bool = False,
     ) -> Fetched:
-        got = await super().read(url, etag=etag, last_modified=last_modified)
+        got = await super().read(url, etag=etag, last_modified=last_modified, stream=stream)
         if not got.not_modified:
             name = url.rsplit("/", 1)[1]
             self.bodies[name] = self.bodies.get(name, 0) + 1
@@ -184,6 +254,16 @@ class DirSource:
         self._write("resourcelist-index.xml", serialize(index))
 
 
+def _index_source(tmp_path: Path, names: str, parts: int) -> DirSource:
+    """A published Resource List Index: one resource per name, dealt round the parts."""
+    source = DirSource(tmp_path / "src", parts=parts)
+    source.root.mkdir()
+    for i, n in enumerate(names):
+        source.set(n, 1, part=i % parts)
+    source.publish()
+    return source
+
+
 def _watcher(
     source: DirSource, access: DirectoryAccess, blobs: Path, checkpoint: Checkpoint, **kw: object
 ) -> SnapshotWatcher:
@@ -244,11 +324,7 @@ def test_single_list_first_read_records_then_changes_are_derived(tmp_path: Path)
 
 
 def test_an_index_reads_only_the_part_that_changed_and_sees_moves(tmp_path: Path) -> None:
-    source = DirSource(tmp_path / "src", parts=3)
-    source.root.mkdir()
-    for i, n in enumerate("abcdefghi"):
-        source.set(n, 1, part=i % 3)
-    source.publish()
+    source = _index_source(tmp_path, "abcdefghi", parts=3)
     access = CountingAccess(source.root)
     watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
     _poll_and_commit(watcher)
@@ -384,3 +460,67 @@ def test_the_maps_of_a_pinned_checkpoint_outlive_later_commits(tmp_path: Path) -
     source.publish()
     restarted = _watcher(source, access, tmp_path / "maps", durable)
     assert _changes(_poll_and_commit(restarted)) == [("a", ChangeType.UPDATED)]
+
+
+class NoValidatorsAccess(DirectoryAccess):
+    """A Source that answers every read with the whole body and no validator, as bytes."""
+
+    async def read(self, url: str, **kw: object) -> Fetched:
+        got = await super().read(url)
+        return Fetched(got.url, body=got.body)
+
+
+def test_unchanged_bytes_are_hashed_and_never_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without validators every part is read again; only the one whose bytes changed is
+    parsed (a reader built for the others held their bodies until the cyclic GC ran)."""
+    source = _index_source(tmp_path, "abcdef", parts=3)
+    watcher = _watcher(source, NoValidatorsAccess(source.root), tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    parsed: list[bytes] = []
+    real = sitemap.DocumentReader
+
+    def counting(data: bytes, **kw: object) -> sitemap.DocumentReader:
+        parsed.append(data)
+        return real(data, **kw)  # type: ignore[arg-type]
+
+    source.set("b", 4, part=1)
+    source.publish()
+    monkeypatch.setattr(sitemap, "DocumentReader", counting)
+    assert _changes(_poll_and_commit(watcher)) == [("b", ChangeType.UPDATED)]
+    assert len(parsed) == 2  # the index, and part 1 only
+    assert b"part1.xml" in parsed[0] and b"/res/b<" in parsed[1]
+
+
+def test_parts_of_a_directory_source_are_streamed_from_their_files(tmp_path: Path) -> None:
+    """A part is hashed and parsed from its open file (never held as bytes), then closed."""
+    source = _index_source(tmp_path, "abcd", parts=2)
+    reads: list[Fetched] = []
+
+    class Recording(DirectoryAccess):
+        async def read(self, url: str, **kw: object) -> Fetched:
+            got = await super().read(url, **kw)  # type: ignore[arg-type]
+            reads.append(got)
+            return got
+
+    watcher = _watcher(source, Recording(source.root), tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    source.set("c", 3, part=0)
+    source.publish()
+    assert _changes(_poll_and_commit(watcher)) == [("c", ChangeType.UPDATED)]
+    bodies = [r for r in reads if not r.not_modified]
+    assert len(bodies) == 5  # index + 2 parts, then index + part 0
+    assert all(r.file is not None and r.file.closed and r.body == b"" for r in bodies)
+
+
+def test_a_snapshot_watcher_never_loads_the_http_client() -> None:
+    """The HTTP client is 11 MB of RSS: a directory watcher does without it."""
+    code = (
+        "import sys, rsnotify.changes.snapshotwatch, rsnotify.changes.access; "
+        "print(sorted(m for m in ('aiohttp', 'yarl', 'rsnotify.fetch') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"

@@ -3,6 +3,11 @@
 Both answer the same three questions: the whole document (or "not modified"
 against the validators we hold), and the bytes from an offset on (a Range
 request or a file seek), so :mod:`.incremental` works the same on either.
+
+The HTTP client (:mod:`rsnotify.fetch`, aiohttp underneath) is named here
+only for type checking: :class:`HttpAccess` is handed a fetcher built
+elsewhere, so a process that watches a directory never loads it (11 MB of
+RSS, a fifth of a snapshot poll's 50 MB bound; ``bench.snapshot_diff``).
 """
 
 from __future__ import annotations
@@ -11,18 +16,28 @@ import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 from urllib.parse import unquote, urlsplit
 
 from ..errors import FetchError, TooManyEntries
-from ..fetch import Fetcher, FetchStream
 from ..sitemap import MAX_DOCUMENT_BYTES, MAX_ENTRIES_PER_DOCUMENT
 from .incremental import EntryCounter
+
+if TYPE_CHECKING:
+    from ..fetch import Fetcher, FetchStream
 
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
-    """One read: ``body`` is the whole document, or the bytes from ``range_start`` on."""
+    """One read: ``body`` is the whole document, or the bytes from ``range_start`` on.
+
+    ``file``: the whole document as an open file at its start, instead of
+    ``body``, when the reader asked for it (``read(..., stream=True)``) and
+    the access has the document as a file; the reader closes it
+    (:meth:`close`).  A 15 MB Resource List part is then hashed and parsed
+    from the page cache and never held (issue 23: a snapshot poll within
+    50 MB).
+    """
 
     url: str
     body: bytes = b""
@@ -30,6 +45,11 @@ class Fetched:
     last_modified: str | None = None
     not_modified: bool = False
     range_start: int | None = None  # set when body is a partial answer
+    file: IO[bytes] | None = None
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 class DocumentAccess(Protocol):
@@ -40,7 +60,10 @@ class DocumentAccess(Protocol):
         etag: str | None = None,
         last_modified: str | None = None,
         range_start: int | None = None,
-    ) -> Fetched: ...
+        stream: bool = False,
+    ) -> Fetched:
+        """The document, or "not modified"; ``stream``: as a file where it is one."""
+        ...
 
     def local_path(self, url: str) -> Path | None: ...
 
@@ -75,6 +98,7 @@ class HttpAccess:
         etag: str | None = None,
         last_modified: str | None = None,
         range_start: int | None = None,
+        stream: bool = False,  # a response is always received into ``body``
     ) -> Fetched:
         try:
             async with self._fetcher.stream(
@@ -85,11 +109,11 @@ class HttpAccess:
                 max_bytes=MAX_DOCUMENT_BYTES,
                 timeout=self._timeout,
                 deadline=min(self._timeout, self._fetcher.policy.deadline),
-            ) as stream:
-                result = stream.result
+            ) as response:
+                result = response.result
                 if result.not_modified:
                     return Fetched(url, etag=etag, last_modified=last_modified, not_modified=True)
-                body = await self._body(url, stream)
+                body = await self._body(url, response)
         except FetchError as exc:
             if range_start is not None and exc.status == 416:  # the list shrank: read it whole
                 return await self.read(url)
@@ -149,23 +173,37 @@ class DirectoryAccess:
             raise FetchError(url, f"maps outside the Source directory {self.root}")
         return candidate
 
-    def _read(self, path: Path, etag: str | None, range_start: int | None) -> Fetched:
+    def _read(
+        self, path: Path, etag: str | None, range_start: int | None, stream: bool = False
+    ) -> Fetched:
         try:
-            with open(path, "rb") as handle:
-                st = os.fstat(handle.fileno())
-                tag = f'"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"'
-                if etag == tag:
-                    return Fetched(str(path), etag=tag, not_modified=True)
-                if st.st_size > MAX_DOCUMENT_BYTES:
-                    raise FetchError(str(path), f"{st.st_size} bytes exceeds the document limit")
-                if range_start is not None and range_start <= st.st_size:
-                    handle.seek(range_start)
-                    return Fetched(str(path), body=handle.read(), etag=tag, range_start=range_start)
-                return Fetched(str(path), body=handle.read(), etag=tag)
+            handle = open(path, "rb")  # noqa: SIM115 (handed out open when streamed)
         except FileNotFoundError:
             raise FetchError(str(path), "no such file", status=404) from None
         except OSError as exc:
             raise FetchError(str(path), str(exc)) from None
+        handed_out = False
+        try:
+            st = os.fstat(handle.fileno())
+            tag = f'"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"'
+            if etag == tag:
+                return Fetched(str(path), etag=tag, not_modified=True)
+            if st.st_size > MAX_DOCUMENT_BYTES:
+                raise FetchError(str(path), f"{st.st_size} bytes exceeds the document limit")
+            if range_start is not None and range_start <= st.st_size:
+                handle.seek(range_start)
+                return Fetched(str(path), body=handle.read(), etag=tag, range_start=range_start)
+            if stream and range_start is None:
+                # The file's identity is the tag: what is read from this handle is
+                # the version tagged, even if the Source replaces it meanwhile.
+                handed_out = True
+                return Fetched(str(path), etag=tag, file=handle)
+            return Fetched(str(path), body=handle.read(), etag=tag)
+        except OSError as exc:
+            raise FetchError(str(path), str(exc)) from None
+        finally:
+            if not handed_out:
+                handle.close()
 
     async def read(
         self,
@@ -174,11 +212,12 @@ class DirectoryAccess:
         etag: str | None = None,
         last_modified: str | None = None,
         range_start: int | None = None,
+        stream: bool = False,
     ) -> Fetched:
         path = self.local_path(url)
-        if range_start is not None or etag is not None:
+        if range_start is not None or etag is not None or stream:
             # The common watch-mode read: a stat and the appended tail, from the
             # page cache; a thread hop would cost more than the read itself.
-            return self._read(path, etag, range_start)
+            return self._read(path, etag, range_start, stream)
         # A whole document may be 50 MB: keep the loop free.
         return await asyncio.to_thread(self._read, path, etag, range_start)

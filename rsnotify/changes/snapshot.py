@@ -13,9 +13,19 @@ hash``, section 7; sha-256 before sha-1 before md5), else its ``length``
 and ``lastmod``, else nothing (then only creation and deletion are seen).
 A snapshot keeps, per part (the Resource List itself, or each list a
 Resource List Index names), a map of loc to an 8-byte digest of that
-fingerprint, stored outside the checkpoint (:func:`encode_map`): a
-million-resource Source costs about 30 MB of maps on disk and nothing in
+fingerprint, stored outside the checkpoint (:class:`MapWriter`): a
+million-resource Source costs about 15 MB of maps on disk and nothing in
 memory while it does not change.
+
+Comparing a part holds neither map as strings (issue 23: a million-resource
+index set diffed within 50 MB).  The old map is streamed out of its
+compressed bytes into a :class:`_LocTable` of integers, each loc as a
+128-bit blake2b key (3.8 MB for 50,000 resources, :class:`_LocTable`);
+the new map is compressed as the entries stream by; the locs of deletions are
+named by streaming the old map once more.  With 128-bit keys two locs of one
+comparison share a key with probability about n^2 / 2^129 (1e-27 for a
+million locs), far below the 8-byte fingerprint's own chance of hiding an
+update (2^-64 per update), so a key stands for its loc.
 
 Rules, and where they come from:
 
@@ -39,23 +49,27 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable, Mapping
+from array import array
+from binascii import hexlify
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from hashlib import blake2b, sha256
+from struct import Struct
 
 from .. import w3cdt
 from ..model import ChangeType, Entry
 
 __all__ = [
     "Diff",
+    "MapWriter",
     "PartState",
     "SnapshotState",
     "compare_part",
-    "decode_map",
     "derived_time",
     "encode_map",
     "fingerprint",
+    "iter_map",
     "map_key",
     "settle",
 ]
@@ -83,20 +97,167 @@ def fingerprint(entry: Entry) -> bytes:
     return blake2b(text.encode(), digest_size=8).digest()
 
 
-def encode_map(states: Mapping[str, bytes]) -> bytes:
-    """A part's map (loc -> fingerprint) as compressed bytes.
+class MapWriter:
+    """A part's map (loc -> fingerprint) compressed as it is written, one resource at a time.
 
-    ``<16 hex digits>\\0<loc>\\0`` per resource: XML 1.0 cannot hold a NUL,
-    so no loc read from a Resource List contains the separator.
+    ``<16 hex digits>\\0<loc>\\0`` per resource, zlib level 6: XML 1.0
+    cannot hold a NUL, so no loc read from a Resource List contains the
+    separator.  The format is the one maps were always stored in (deflate's
+    output does not depend on how its input was cut), so a map written by an
+    earlier version reads as before and an unchanged map keeps its key.  A
+    loc written twice is read back with its last fingerprint.
     """
-    body = "".join(f"{fp.hex()}\0{loc}\0" for loc, fp in states.items())
-    return zlib.compress(body.encode(), 6)
+
+    __slots__ = ("_buffer", "_out", "_size", "_zlib")
+
+    def __init__(self) -> None:
+        self._zlib = zlib.compressobj(6)
+        self._out: list[bytes] = []
+        self._buffer: list[bytes] = []
+        self._size = 0
+
+    def add(self, loc: bytes, fp: bytes) -> None:
+        record = b"%s\0%s\0" % (hexlify(fp), loc)
+        self._buffer.append(record)
+        self._size += len(record)
+        if self._size >= _BLOCK:
+            self._out.append(self._zlib.compress(b"".join(self._buffer)))
+            self._buffer.clear()
+            self._size = 0
+
+    def finish(self) -> bytes:
+        self._out.append(self._zlib.compress(b"".join(self._buffer)))
+        self._out.append(self._zlib.flush())
+        self._buffer.clear()
+        return b"".join(self._out)
 
 
-def decode_map(data: bytes) -> dict[str, bytes]:
-    """The inverse of :func:`encode_map`."""
-    fields = zlib.decompress(data).decode().split("\0")
-    return {fields[i + 1]: bytes.fromhex(fields[i]) for i in range(0, len(fields) - 1, 2)}
+def encode_map(states: Mapping[str, bytes]) -> bytes:
+    """A whole map at once (tests, small maps): what :class:`MapWriter` writes."""
+    writer = MapWriter()
+    for loc, fp in states.items():
+        writer.add(loc.encode(), fp)
+    return writer.finish()
+
+
+def iter_map(data: bytes) -> Iterator[tuple[str, bytes]]:
+    """A stored map's (loc, fingerprint) pairs, decompressed a block at a time."""
+    for loc, fp_hex in _records(data):
+        yield loc.decode(), bytes.fromhex(fp_hex.decode())
+
+
+def _records(data: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """(loc, fingerprint in hex) as stored, without ever holding the whole map decompressed."""
+    unzip = zlib.decompressobj()
+    tail = b""
+    fp_hex: bytes | None = None
+    for start in range(0, len(data) + 1, _BLOCK):
+        if start < len(data):
+            block = tail + unzip.decompress(data[start : start + _BLOCK])
+        else:
+            block = tail + unzip.flush()
+        fields = block.split(b"\0")
+        tail = fields.pop()
+        for value in fields:
+            if fp_hex is None:
+                fp_hex = value
+            else:
+                yield value, fp_hex
+                fp_hex = None
+    if tail or fp_hex is not None or not unzip.eof:
+        raise ValueError("a snapshot map ends inside a record")
+
+
+_BLOCK = 1 << 16
+# A loc's key: its 128-bit blake2b as two 64-bit halves (collision odds: module docstring).
+_HALVES = Struct(">QQ").unpack
+_OLD, _NEW = 1, 2  # _LocTable flags: listed by the old map, by the new entries
+# What _LocTable.see answers: the loc was not in the old map, was with the same
+# fingerprint, was with another; plus _AGAIN when the new entries listed it already.
+_ADDED, _SAME, _CHANGED, _AGAIN = 0, 1, 2, 4
+
+
+class _LocTable:
+    """Loc keys -> old fingerprints in flat arrays (open addressing, linear probing).
+
+    A dict of 50,000 str locs costs about 10 MB, one of int keys about 6;
+    this table, kept at most half full, 3.8 MB: per slot the key's two
+    halves and the fingerprint (``array('Q')``), the record's ordinal in the
+    old map (``array('I')``) and a flag byte; no Python object per resource.
+    """
+
+    __slots__ = ("flags", "fps", "his", "los", "mask", "ordinals", "used")
+
+    def __init__(self, expected: int = 0) -> None:
+        size = 16
+        while size < 2 * expected + 2:
+            size *= 2
+        self._allocate(size)
+
+    def _allocate(self, size: int) -> None:
+        self.his = array("Q", bytes(8 * size))
+        self.los = array("Q", bytes(8 * size))
+        self.fps = array("Q", bytes(8 * size))
+        self.ordinals = array("I", bytes(array("I").itemsize * size))
+        self.flags = bytearray(size)
+        self.mask = size - 1
+        self.used = 0
+
+    def load(self, records: Iterable[tuple[bytes, bytes]]) -> None:
+        """The old map's records; a loc stored twice keeps its last fingerprint."""
+        for n, (loc, fp_hex) in enumerate(records):
+            i, hi, lo = self._find(loc)
+            if not self.flags[i]:
+                self._fill(i, hi, lo, _OLD)
+            self.fps[i] = int(fp_hex, 16)
+            self.ordinals[i] = n
+            if 2 * self.used > self.mask:
+                self._grow()
+
+    def see(self, loc: bytes, fp: bytes) -> int:
+        """A new entry: what the old map said of its loc (``_ADDED``... ``| _AGAIN``)."""
+        i, hi, lo = self._find(loc)
+        flag = self.flags[i]
+        if not flag:
+            self._fill(i, hi, lo, _NEW)
+            if 2 * self.used > self.mask:
+                self._grow()
+            return _ADDED
+        self.flags[i] = flag | _NEW
+        answer = _AGAIN if flag & _NEW else _ADDED
+        if flag & _OLD:
+            answer |= _SAME if self.fps[i] == int.from_bytes(fp) else _CHANGED
+        return answer
+
+    def _find(self, loc: bytes) -> tuple[int, int, int]:
+        """The slot that holds ``loc``'s key, or the empty one where it would go; the key."""
+        hi, lo = _HALVES(blake2b(loc, digest_size=16).digest())
+        flags, his, los, mask = self.flags, self.his, self.los, self.mask
+        i = hi & mask
+        while flags[i] and (his[i] != hi or los[i] != lo):
+            i = (i + 1) & mask
+        return i, hi, lo
+
+    def _fill(self, i: int, hi: int, lo: int, flag: int) -> None:
+        self.his[i], self.los[i], self.flags[i] = hi, lo, flag
+        self.used += 1
+
+    def _grow(self) -> None:
+        his, los, fps, ordinals, flags = self.his, self.los, self.fps, self.ordinals, self.flags
+        self._allocate(2 * len(flags))
+        mask = self.mask
+        for j, flag in enumerate(flags):
+            if flag:
+                i = his[j] & mask
+                while self.flags[i]:
+                    i = (i + 1) & mask
+                self._fill(i, his[j], los[j], flag)
+                self.fps[i], self.ordinals[i] = fps[j], ordinals[j]
+
+    def gone(self) -> set[int]:
+        """The ordinals of the old records whose locs no new entry listed."""
+        ordinals = self.ordinals
+        return {ordinals[i] for i, flag in enumerate(self.flags) if flag == _OLD}
 
 
 def map_key(data: bytes) -> str:
@@ -204,33 +365,44 @@ class Diff:
 
 
 def compare_part(
-    old: Mapping[str, bytes], entries: Iterable[Entry], diff: Diff | None
-) -> dict[str, bytes]:
-    """Compare one part's new entries with its old map (into ``diff``); returns the new map.
+    old: bytes, entries: Iterable[Entry], diff: Diff | None, *, expected: int = 0
+) -> tuple[bytes, int]:
+    """Compare one part's new entries with its old map (into ``diff``).
 
-    Streaming: an entry is kept only when it changed, so a part of 50,000
-    resources with ten changes holds two maps and ten entries.  A loc listed
-    twice in one part counts once, with its last state.  ``diff=None``:
-    only the map is wanted (a first snapshot, recorded).
+    ``old``: the part's stored map (:class:`MapWriter`; ``b""``: none);
+    returns the new map, stored the same way, and how many locs it holds.
+    Streaming: an entry is kept only when it changed, and neither map is
+    held as strings (module docstring), so a part of 50,000 resources with
+    ten changes holds a table of integers, the compressed maps and ten
+    entries.  A loc listed twice in one part counts once, with its last
+    state.  ``diff=None``: only the map is wanted (a first snapshot,
+    recorded).  ``expected``: about how many locs, to size the table once.
     """
-    new: dict[str, bytes] = {}
-    if diff is None:
-        for entry in entries:
-            new[entry.loc] = fingerprint(entry)
-        return new
+    table = _LocTable(expected)
+    if diff is not None and old:
+        table.load(_records(old))
+    writer = MapWriter()
+    count = 0
     for entry in entries:
         fp = fingerprint(entry)
-        loc = entry.loc
-        new[loc] = fp
-        before = old.get(loc)
-        if before is None:
-            diff.added.append((entry, fp))
-        elif before != fp:
-            diff.changed.append(entry)
-    for loc, fp in old.items():
-        if loc not in new:
-            diff.removed[loc] = fp
-    return new
+        loc = entry.loc.encode()
+        writer.add(loc, fp)
+        answer = table.see(loc, fp)
+        if not answer & _AGAIN:
+            count += 1
+        if diff is not None:
+            if answer & _CHANGED:
+                diff.changed.append(entry)
+            elif not answer & _SAME:
+                diff.added.append((entry, fp))
+    if diff is not None:
+        gone = table.gone()
+        del table
+        if gone:  # their locs are only in the old map: stream it once more
+            for n, (loc, fp_hex) in enumerate(_records(old)):
+                if n in gone:
+                    diff.removed[loc.decode()] = bytes.fromhex(fp_hex.decode())
+    return writer.finish(), count
 
 
 def settle(diff: Diff, *, since: datetime | None, at: datetime) -> list[Entry]:
