@@ -435,6 +435,13 @@ def test_maps_no_longer_named_are_swept(tmp_path: Path) -> None:
     _poll_and_commit(watcher)
     # The committed snapshot's map and the one before it; older ones are gone.
     assert len(list((tmp_path / "maps").iterdir())) == 2
+    # What a write killed half-way left is swept by the next process's first poll.
+    orphan = tmp_path / "maps" / ".0123abcd.4242.deadbeef.tmp"
+    orphan.write_bytes(b"half a map")
+    restarted = _watcher(source, access, tmp_path / "maps", watcher.checkpoint)
+    _poll_and_commit(restarted)
+    assert not orphan.exists()
+    assert len(list((tmp_path / "maps").iterdir())) == 1  # the checkpoint's map stays
 
 
 def test_the_maps_of_a_pinned_checkpoint_outlive_later_commits(tmp_path: Path) -> None:

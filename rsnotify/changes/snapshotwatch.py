@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .. import sitemap, w3cdt
-from ..durable import write_file
+from ..durable import sweep_temporaries, write_file
 from ..errors import CoverageHole, InvalidDocument
 from ..model import Capability, Entry
 from ..tracker import Checkpoint, Detection, SnapshotPosition, Snapshots
@@ -91,6 +91,9 @@ class DirectoryBlobs:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        # The first sweep also removes what a write killed half-way left (the
+        # directory is its watcher's alone, and no write of this one runs yet).
+        self._orphans_swept = False
 
     def _path(self, key: str) -> Path:
         if not _KEY.fullmatch(key):
@@ -122,6 +125,9 @@ class DirectoryBlobs:
             for name in names:
                 if _KEY.fullmatch(name) and name not in keys:
                     (self.root / name).unlink(missing_ok=True)
+            if not self._orphans_swept:
+                sweep_temporaries(self.root)
+                self._orphans_swept = True
 
         await asyncio.to_thread(sweep)
 
