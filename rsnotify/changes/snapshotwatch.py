@@ -458,7 +458,7 @@ class SnapshotWatcher:
     ) -> PartState:
         """One part whose bytes changed: compared with its old map, its new map stored."""
         old_map = await self._map(old) if old is not None else b""
-        data, count = compare_part(old_map, reader, diff, expected=old.count if old else 0)
+        data, count = compare_part(old_map, reader, diff)
         del old_map
         key = map_key(data)
         await self.blobs.put(key, data)  # durable before any checkpoint names it
