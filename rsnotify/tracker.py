@@ -493,7 +493,7 @@ class Positions(Sequence[Checkpoint]):
 
     An unordered detection runs for every entry a Destination reads, and its
     callers read a few of the checkpoints (a chunk's last, a list's last): a
-    frozen :class:`Checkpoint` per entry was a fifth of detecting.  What
+    frozen :class:`Checkpoint` per entry was almost a third of detecting.  What
     changes from entry to entry is kept as a :data:`_Step`; the rest
     (``changelist``, the validators) is the same for all of them.  Reads,
     equality and iteration give exactly the checkpoints ``detect`` made before.
