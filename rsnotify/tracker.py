@@ -1,6 +1,6 @@
 """Which Change List entries are new since the checkpoint (pure, no I/O).
 
-(Why one module of ~570 lines: the checkpoint, its in-order and unordered
+(Why one module of ~690 lines: the checkpoint, its in-order and unordered
 forms and its snapshot position are one value that every detection and
 every cursor reads and writes; splitting it would split its JSON format.)
 
@@ -48,6 +48,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from hashlib import blake2b as _blake2b
+from typing import overload
 
 from . import w3cdt
 from .model import Entry, sort_chronologically
@@ -482,6 +483,70 @@ class Snapshots:
     until: datetime
 
 
+# What an unordered detection keeps per entry until its checkpoint is read:
+# last_time, boundary, position, known (the rest is the Detection's).
+_Step = tuple[datetime | None, tuple[str, ...], int, Known]
+
+
+class Positions(Sequence[Checkpoint]):
+    """The checkpoint after each entry of a :class:`Detection`, each made when first read.
+
+    An unordered detection runs for every entry a Destination reads, and its
+    callers read a few of the checkpoints (a chunk's last, a list's last): a
+    frozen :class:`Checkpoint` per entry was almost a third of detecting.  What
+    changes from entry to entry is kept as a :data:`_Step`; the rest
+    (``changelist``, the validators) is the same for all of them.  Reads,
+    equality and iteration give exactly the checkpoints ``detect`` made before.
+    """
+
+    __slots__ = ("_base", "_items")
+
+    def __init__(
+        self,
+        checkpoints: Iterable[Checkpoint] = (),
+        base: tuple[str, str | None, str | None] = ("", None, None),
+    ) -> None:
+        self._items: list[Checkpoint | _Step] = list(checkpoints)
+        self._base = base  # changelist, etag, last_modified of the steps
+
+    def append(self, checkpoint: Checkpoint) -> None:
+        self._items.append(checkpoint)
+
+    def _made(self, i: int) -> Checkpoint:
+        item = self._items[i]
+        if isinstance(item, Checkpoint):
+            return item
+        (last, boundary, position, known), (changelist, etag, last_modified) = item, self._base
+        made = Checkpoint(changelist, last, boundary, position, etag, last_modified, True, known)
+        self._items[i] = made
+        return made
+
+    @overload
+    def __getitem__(self, index: int) -> Checkpoint: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Checkpoint]: ...
+    def __getitem__(self, index: int | slice) -> Checkpoint | list[Checkpoint]:
+        if isinstance(index, slice):
+            return [self._made(i) for i in range(*index.indices(len(self._items)))]
+        return self._made(index)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Checkpoint]:
+        return (self._made(i) for i in range(len(self._items)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Positions | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the list it stands for
+
+    def __repr__(self) -> str:
+        return f"Positions({list(self)!r})"
+
+
 @dataclass(slots=True)
 class Detection:
     """New entries found in one list, with the checkpoint after each of them.
@@ -493,7 +558,7 @@ class Detection:
 
     changelist: str
     entries: list[Entry] = field(default_factory=list)
-    checkpoints: list[Checkpoint] = field(default_factory=list)
+    checkpoints: Positions = field(default_factory=Positions)
     derived: Snapshots | None = None
 
     def __len__(self) -> int:
@@ -551,7 +616,8 @@ def _detect_unordered(
     position = checkpoint.position if same else 0
     etag = checkpoint.etag if same else None
     last_modified = checkpoint.last_modified if same else None
-    add_entry, add_checkpoint = found.entries.append, found.checkpoints.append
+    positions = found.checkpoints = Positions(base=(changelist, etag, last_modified))
+    add_entry, add_step = found.entries.append, positions._items.append
     count = 0
     for entry in entries:
         key = entry_key(entry)
@@ -568,9 +634,7 @@ def _detect_unordered(
                 boundary = (*boundary, key)[-MAX_BOUNDARY:]
         position += 1
         add_entry(entry)
-        add_checkpoint(
-            Checkpoint(changelist, last, boundary, position, etag, last_modified, True, known)
-        )
+        add_step((last, boundary, position, known))  # its Checkpoint when read (Positions)
         count += 1
         if limit is not None and count >= limit:
             break

@@ -20,7 +20,7 @@ from rsnotify.envelope import Notification
 from rsnotify.fetch import Fetcher
 from rsnotify.metrics import serving
 from rsnotify.model import ChangeType, Entry, Link
-from rsnotify.subscriber import applier as applier_module
+from rsnotify.subscriber import recorder as recorder_module
 from rsnotify.subscriber.applier import RECORD_BATCH, Applier, Hooks, InvalidChange, Outcome
 from rsnotify.subscriber.baseline import baseline
 from rsnotify.subscriber.mirror import TEMP_PREFIX, Mirror
@@ -597,12 +597,15 @@ async def test_metadata_only_records_without_fetching(env: Env, source: Source) 
 
 
 async def test_metadata_only_batches_agree_with_one_change_at_a_time(
-    env: Env, source: Source, other: Source, tmp_path: Path
+    env: Env, source: Source, other: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Submitted changes are recorded in batches; outcomes equal applying them singly."""
+    batch = 500  # RECORD_BATCH's order of magnitude, with fewer changes to apply singly
+    assert batch < RECORD_BATCH
+    monkeypatch.setattr(recorder_module, "RECORD_BATCH", batch)
     rng = random.Random(7)
     changes = []
-    for _ in range(3 * RECORD_BATCH // 2):  # more than one batch
+    for _ in range(3 * batch):  # more than one batch
         loc = f"/r/{rng.randrange(40)}"
         kind = rng.choice(["created", "updated", "deleted"])
         changes.append(env.note(loc, kind, at(rng.randrange(1, 30))))
@@ -640,7 +643,7 @@ async def test_metadata_only_groups_agree_with_single_submissions(
 ) -> None:
     """submit_many (a walk's chunks) mixed with submit: the outcomes of one change at a time."""
     batch = 40
-    monkeypatch.setattr(applier_module, "RECORD_BATCH", batch)  # many batches, few changes
+    monkeypatch.setattr(recorder_module, "RECORD_BATCH", batch)  # many batches, few changes
     rng = random.Random(11)
     changes = [
         env.note(f"/g/{rng.randrange(30)}", rng.choice(["created", "updated", "deleted"]),
@@ -648,6 +651,14 @@ async def test_metadata_only_groups_agree_with_single_submissions(
         for _ in range(7 * batch)
     ]  # fmt: skip
     grouped = env.applier(metadata_only=True, hooks=env.recording_hooks())
+    written: list[int] = []  # rows per transaction
+    record_rows = env.store.record_rows
+
+    async def counted(rows: list[Any]) -> list[bool]:
+        written.append(len(rows))
+        return await record_rows(rows)
+
+    monkeypatch.setattr(env.store, "record_rows", counted)
     futures: list[asyncio.Future[Any]] = []
     cuts = [0, 5, 6, 30, 31, 2 * batch + 50, 5 * batch, len(changes)]  # a group > a batch too
     for start, end in itertools.pairwise(cuts):
@@ -660,6 +671,8 @@ async def test_metadata_only_groups_agree_with_single_submissions(
     outcomes = [o for r in results for o in (r if isinstance(r, list) else [r])]
     await grouped.drain()
     assert grouped.pending == 0
+    assert sum(written) == len(changes) and len(written) >= 3  # batches, not one transaction
+    assert max(written) == 2 * batch + 50 - 31  # only the group larger than a batch exceeds it
     single_store = ResourceStore(tmp_path / "single.sqlite")
     try:
         single = Applier(

@@ -33,6 +33,7 @@ from rsnotify.subscriber.mirror import (
     UnsafePath,
     loc_for,
     path_for,
+    paths,
 )
 from tests.spares import require_spares, spare_mirror
 
@@ -128,6 +129,58 @@ HOSTILE = [
 def test_path_for_refuses_hostile_locs(loc: str) -> None:
     with pytest.raises(UnsafePath):
         path_for(loc, ROOT)
+
+
+# Pieces of hostile and ordinary locs: the short way of _path_for must answer
+# exactly as the general way, refusal message included, whatever they make.
+# Mostly plain schemes and hosts, so that most examples reach the path's checks.
+_SCHEMES = st.sampled_from(["http", "http", "https", "https", "HTTP", "ftp", ""])
+_AUTHORITIES = st.sampled_from(
+    ["s", "s", "s", "127.0.0.1:40123", "S", "s:80", "s:8080", "s:", "s:x", "s:99999",
+     "my_host", "u@s", "[::1]:81", "..", "a..b", "Bücher.example", "%2e%2e", "a b",
+     "h" * 64 + "." + "h" * 200, ":", "s:0"]
+)  # fmt: skip
+_PIECES = st.sampled_from(
+    ["a", "a", "B", ".", "..", ".", "..", "%2e", "%", "%25", "%2F", "%00", "\\", "\x00",
+     "\t", " ", "ü", "?", "#", "?q=1", "~", ":@!$&'()*+,;=", "%index", "x" * 200,
+     "y" * 256, "z" * 255, "\udcff", "\x7f", "_-"]
+)  # fmt: skip
+_NAMES = st.lists(_PIECES, max_size=2).map("".join)
+_ROOTS = st.sampled_from([ROOT, Path("/"), Path("rel/mirror"), Path("/" + "r" * 3800)])
+
+
+def _answer(mapping: Callable[[str, Path], Path], loc: str, root: Path) -> object:
+    try:
+        return mapping(loc, root)
+    except Exception as exc:  # UnsafePath, or whatever else the general way raises
+        return (type(exc), str(exc))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_SCHEMES, _AUTHORITIES, st.lists(_NAMES, max_size=24), _NAMES, _ROOTS)
+def test_the_short_way_maps_as_the_general_way(
+    scheme: str, authority: str, directories: list[str], leaf: str, root: Path
+) -> None:
+    loc = f"{scheme}://{authority}/" + "".join(f"{d}/" for d in directories) + leaf
+    short = _answer(paths._path_for.__wrapped__, loc, root)
+    assert short == _answer(paths._path_for_general, loc, root)
+
+
+def test_the_short_way_is_taken_for_plain_locs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the property above compares is the short way (not the general way twice)."""
+
+    def general(loc: str, root: Path) -> Path:
+        raise AssertionError(f"{loc} took the general way")
+
+    monkeypatch.setattr(paths, "_path_for_general", general)
+    for loc, relative in [
+        ("http://s/a/b.txt", "http/s/a/b.txt"),
+        ("https://127.0.0.1:40123/d/", f"https/127.0.0.1_40123/d/{INDEX_NAME}"),
+        ("http://S:80/!$&'()*+,;=:@~-_.", "http/s/!$&'()*+,;=:@~-_."),
+    ]:
+        assert paths._path_for.__wrapped__(loc, ROOT) == ROOT / relative
+    with pytest.raises(AssertionError):
+        paths._path_for.__wrapped__("http://s/a%20b", ROOT)
 
 
 def test_unsafe_path_is_a_documented_error() -> None:

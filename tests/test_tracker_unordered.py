@@ -269,3 +269,24 @@ def test_detect_unordered_takes_the_same_decisions_as_is_new_and_advance(
     assert found.entries == [e for e, _ in expected]
     assert found.checkpoints == [c for _, c in expected]
     assert [c.to_json() for c in found.checkpoints] == [c.to_json() for _, c in expected]
+
+
+def test_positions_read_in_any_order_are_the_checkpoints_of_advance() -> None:
+    """Detection.checkpoints makes each unordered checkpoint when read: any index, slice, order."""
+    listed = [
+        Entry(loc=f"r{i % 5}", change=ChangeType.UPDATED, datetime=T0 + timedelta(seconds=i % 3))
+        for i in range(12)
+    ]
+    start = Checkpoint(changelist="L", position=2, etag='"e"', started=True, known=Known.of())
+    found = detect(listed, "L", start)
+    current, expected = start, []
+    for entry in listed:
+        if current.is_new(entry):
+            current = current.advance(entry, "L")
+            expected.append(current)
+    assert len(found.checkpoints) == len(expected) > 3
+    assert found.checkpoints[-1] == expected[-1]
+    assert found.checkpoints[1:4] == expected[1:4]
+    assert found.checkpoints[-2] is found.checkpoints[-2]  # made once, then kept
+    assert list(reversed(found.checkpoints)) == expected[::-1]
+    assert found.checkpoints == expected and expected == found.checkpoints

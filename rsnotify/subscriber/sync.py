@@ -50,7 +50,7 @@ import operator
 import tempfile
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -144,7 +144,7 @@ class _Found:
     superseded: list[bool] = field(default_factory=list)  # by a later entry of the walk
     # The position after each entry, as the watcher computed it from the engine's
     # own position (see same_position); None: the engine works it out entry by entry.
-    checkpoints: list[Checkpoint] | None = None
+    checkpoints: Sequence[Checkpoint] | None = None
     views: list[ChangeView] = field(default_factory=list)  # each entry read once
 
 

@@ -78,6 +78,15 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Characters _escape rewrites (surrogates stand for undecodable bytes).
 _ESCAPED = re.compile(r"[%/\x00-\x1f\x7f\udc80-\udcff]")
 PATH_CACHE_SIZE = 16_384  # loc -> path answers kept (a catch-up asks once per change)
+# A loc whose mirror names are its own text: lower-case http(s), an authority
+# without user info or brackets, segments of characters that need no decoding or
+# escaping (RFC 3986 unreserved, sub-delims, ":" and "@": no "%", "\\", controls
+# or non-ASCII), no empty segment but the last, no query, no fragment.  Groups:
+# scheme, authority, the directory ("" or "/a/b"), the leaf ("" for a trailing "/").
+_PLAIN_SEGMENT = r"[A-Za-z0-9._~!$&'()*+,;=:@-]"
+_PLAIN_LOC = re.compile(
+    rf"(https?)://([A-Za-z0-9.:_-]+)((?:/{_PLAIN_SEGMENT}+)*)/({_PLAIN_SEGMENT}*)\Z"
+)
 # Safe in a URI path segment (RFC 3986 pchar minus pct-encoded); quote() adds
 # the unreserved set itself.
 _PCHAR_SAFE = "!$&'()*+,;=:@"
@@ -189,6 +198,49 @@ def path_for(loc: str, root: Path) -> Path:
 
 @functools.lru_cache(maxsize=PATH_CACHE_SIZE)
 def _path_for(loc: str, root: Path) -> Path:
+    """The short way for a loc in the common form (:data:`_PLAIN_LOC`), else the general one.
+
+    A catch-up maps thousands of new locs, nearly all plain ASCII under a few
+    directories; the general way decodes and checks every segment of each
+    (~11 us).  Here the directory is vetted once (:func:`_plain_dir`) and only
+    the leaf per loc.  Anything the short way is not sure of (a ``.``/``..``
+    segment, a name or path over the limits, a host the general way refuses)
+    takes the general way, which refuses it with its own message: the answer
+    is the general way's, property-tested (``tests/test_mirror.py``).
+    """
+    plain = _PLAIN_LOC.match(loc)
+    if plain is not None:
+        scheme, netloc, directory, leaf = plain.groups()
+        parent = _plain_dir(root, scheme, netloc, directory)
+        if parent is not None and leaf not in (".", ".."):
+            name = leaf or INDEX_NAME
+            directory_path, directory_bytes = parent
+            # Plain names are ASCII: one character, one byte.
+            if len(name) <= MAX_NAME_BYTES and directory_bytes + 1 + len(name) <= MAX_PATH_BYTES:
+                return directory_path / name
+    return _path_for_general(loc, root)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain_dir(root: Path, scheme: str, netloc: str, directory: str) -> tuple[Path, int] | None:
+    """The mirror directory of a plain loc's ``directory`` and its length in bytes, or None.
+
+    None when any of its names is one the general way refuses (or the host is):
+    the loc then takes the general way.  Pure, so memoized: a catch-up's new
+    locs sit in a few directories.
+    """
+    host, problem = _host_dir_of(scheme, netloc)
+    if problem is not None:
+        return None
+    names = [scheme, host, *directory[1:].split("/")] if directory else [scheme, host]
+    if any(name in (".", "..") or len(name) > MAX_NAME_BYTES for name in names):
+        return None  # the host is ASCII (IDNA), the plain segments too
+    text = os.path.join(root, *names)
+    return Path(text), len(os.fsencode(text))
+
+
+def _path_for_general(loc: str, root: Path) -> Path:
+    """:func:`path_for` for any loc: every rule of the module docstring, one by one."""
     if not isinstance(loc, str) or not loc:
         raise UnsafePath(f"{loc!r}: not a URI")
     if _CONTROL.search(loc):
