@@ -122,6 +122,11 @@ HOSTILE = [
     "http://s/" + "x" * 256,
     "http://s/" + "ü" * 128,
     "http://s/" + "/".join(["d" * 200] * 21),
+    # Lone surrogates: not characters (RFC 3629 section 3), refused, not a crash.
+    "http://s/\udcff",
+    "http://s/a\ud800b/c",
+    "http://s/x?q=\udcff",
+    "http://\udcff/x",
 ]
 
 

@@ -193,6 +193,15 @@ def path_for(loc: str, root: Path) -> Path:
     """
     if not isinstance(loc, str):
         raise UnsafePath(f"{loc!r}: not a URI")
+    if not loc.isascii():
+        try:
+            loc.encode()
+        except UnicodeEncodeError:
+            # No XML document holds one and the payload decoder refuses them; a
+            # library caller might still pass one: a refusal, not a crash.
+            raise UnsafePath(
+                f"{loc[:200]!r}: not a URI (a lone surrogate is not a character, RFC 3629)"
+            ) from None
     return _path_for(loc, root if isinstance(root, Path) else Path(root))
 
 
