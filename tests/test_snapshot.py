@@ -114,16 +114,14 @@ def test_compare_part_agrees_with_plain_dicts(
     diff = Diff()
     data, count = compare_part(zlib.compress(stored), entries, diff)
     model: dict[str, bytes] = {}
-    changed, added = [], []
-    for entry in entries:
-        fp = fingerprint(entry)
-        model[entry.loc] = fp
-        before = old_map.get(entry.loc)
-        if before is None:
-            added.append((entry, fp))
-        elif before != fp:
-            changed.append(entry)
-    assert diff.changed == changed and diff.added == added
+    last: dict[str, Entry] = {}
+    for entry in entries:  # listed twice: the last listing counts
+        model[entry.loc] = fingerprint(entry)
+        last[entry.loc] = entry
+    changed = {loc: e for loc, e in last.items() if old_map.get(loc, model[loc]) != model[loc]}
+    added = {loc: (e, model[loc]) for loc, e in last.items() if loc not in old_map}
+    assert {e.loc: e for e in diff.changed} == changed and len(diff.changed) == len(changed)
+    assert {e.loc: (e, fp) for e, fp in diff.added} == added and len(diff.added) == len(added)
     assert diff.removed == {loc: fp for loc, fp in old_map.items() if loc not in model}
     assert dict(iter_map(data)) == model and count == len(model)
     assert compare_part(b"", entries, None) == (data, count)
@@ -169,6 +167,29 @@ def test_a_moved_resource_that_changed_is_updated() -> None:
 
 # -- the watcher over a directory Source ---------------------------------------------------
 
+
+
+def _res(name: str, length: int) -> Entry:
+    return Entry(loc=f"{BASE}/res/{name}", length=length)
+
+
+def test_a_loc_listed_twice_counts_with_its_last_listing() -> None:
+    """compare_part: "a loc listed twice in one part counts once, with its last state"."""
+    at = T0 + timedelta(hours=1)
+    x1, x2 = _res("x", 1), _res("x", 2)
+    diff = Diff()  # listed as changed, then as it was: no change (the map says so too)
+    _, count = compare_part(encode_map({x1.loc: fingerprint(x1)}), [x2, x1], diff)
+    assert count == 1 and settle(diff, since=T0, at=at) == []
+    diff = Diff()  # a new loc listed twice: created once, in its last state
+    compare_part(b"", [_res("y", 1), _res("y", 2)], diff)
+    assert [(c.change, c.length) for c in settle(diff, since=T0, at=at)] == [
+        (ChangeType.CREATED, 2)
+    ]
+    a = _res("a", 1)
+    diff = Diff()  # a leaves one part for another that lists it twice, unchanged
+    compare_part(encode_map({a.loc: fingerprint(a)}), [], diff)
+    compare_part(b"", [a, a], diff)
+    assert settle(diff, since=T0, at=at) == []
 
 class CountingAccess(DirectoryAccess):
     """A directory Source that counts the reads that returned bytes, per URL path."""

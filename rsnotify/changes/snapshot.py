@@ -341,19 +341,27 @@ def compare_part(old: bytes, entries: Iterable[Entry], diff: Diff | None) -> tup
         table.load(_records(old))
     writer = MapWriter()
     count = 0
+    # By loc, so that a loc listed again replaces what its earlier listing decided.
+    changed: dict[str, Entry] = {}
+    added: dict[str, tuple[Entry, bytes]] = {}
     for entry in entries:
         fp = fingerprint(entry)
         loc = entry.loc.encode()
         writer.add(loc, fp)
-        answer = table.see(loc, fp)
-        if not answer & _AGAIN:
+        answer = table.see(loc, fp)  # against the OLD map, for every listing
+        if answer & _AGAIN:
+            changed.pop(entry.loc, None)
+            added.pop(entry.loc, None)
+        else:
             count += 1
         if diff is not None:
             if answer & _CHANGED:
-                diff.changed.append(entry)
+                changed[entry.loc] = entry
             elif not answer & _SAME:
-                diff.added.append((entry, fp))
+                added[entry.loc] = (entry, fp)
     if diff is not None:
+        diff.changed.extend(changed.values())
+        diff.added.extend(added.values())
         gone = table.gone()
         del table
         if gone:  # their locs are only in the old map: stream it once more
