@@ -205,25 +205,34 @@ class SnapshotPosition:
     logged or applied, ``base`` is the snapshot they start from and ``done``
     how many of them (in their fixed order) are behind this position, so a
     restart resumes the same differences exactly after the last one consumed.
-    The texts are shared by every position of one diff, never copied.
+    ``also``: other snapshots the differences start from too, when the Source
+    moved on while a diff was half consumed (what was consumed of it may have
+    to be undone; :mod:`rsnotify.changes.snapshotwatch`).  The texts are
+    shared by every position of one diff, never copied.
     """
 
     state: str
     base: str | None = None
     done: int = 0
+    also: tuple[str, ...] = ()
 
     def to_obj(self) -> dict[str, object]:
         obj: dict[str, object] = {"state": self.state}
         if self.base is not None:
             obj["base"], obj["done"] = self.base, self.done
+            if self.also:
+                obj["also"] = list(self.also)
         return obj
 
     @classmethod
     def from_obj(cls, obj: Mapping[str, object]) -> SnapshotPosition:
         state, base, done = obj.get("state"), obj.get("base"), obj.get("done", 0)
+        also = obj.get("also", [])
         if not isinstance(state, str) or not (base is None or isinstance(base, str)):
             raise ValueError("a snapshot position needs its state as text")
-        return cls(state, base, int(done) if isinstance(done, int) else 0)
+        if not isinstance(also, list) or not all(isinstance(t, str) for t in also):
+            raise ValueError("a snapshot position's other bases must be texts")
+        return cls(state, base, int(done) if isinstance(done, int) else 0, tuple(also))
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,7 +168,6 @@ def test_a_moved_resource_that_changed_is_updated() -> None:
 # -- the watcher over a directory Source ---------------------------------------------------
 
 
-
 def _res(name: str, length: int) -> Entry:
     return Entry(loc=f"{BASE}/res/{name}", length=length)
 
@@ -190,6 +189,7 @@ def test_a_loc_listed_twice_counts_with_its_last_listing() -> None:
     compare_part(encode_map({a.loc: fingerprint(a)}), [], diff)
     compare_part(b"", [a, a], diff)
     assert settle(diff, since=T0, at=at) == []
+
 
 class CountingAccess(DirectoryAccess):
     """A directory Source that counts the reads that returned bytes, per URL path."""
@@ -552,3 +552,73 @@ def test_a_snapshot_watcher_never_loads_the_http_client() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+def _half_consumed(tmp_path: Path, new: str, limit: int) -> tuple[DirSource, Checkpoint]:
+    """A Source holding ``a``, then ``a`` + ``new``: ``limit`` of that diff consumed."""
+    source = DirSource(tmp_path / "src")
+    source.root.mkdir()
+    source.set("a", 1)
+    source.publish()
+    watcher = _watcher(source, DirectoryAccess(source.root), tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    for n in new:
+        source.set(n, 1)
+    source.publish()
+    _poll_and_commit(watcher, limit=limit)
+    return source, Checkpoint.from_json(watcher.checkpoint.to_json())
+
+
+def test_a_resource_created_in_the_consumed_part_then_deleted_is_deleted(tmp_path: Path) -> None:
+    """Restart mid-diff after the Source moved on: what was consumed may have to be undone."""
+    source, saved = _half_consumed(tmp_path, "bcdef", limit=2)  # b and c applied
+    source.delete("b")
+    source.set("d", 2)
+    source.publish()
+    restarted = _watcher(source, DirectoryAccess(source.root), tmp_path / "maps", saved)
+    assert sorted(_changes(_poll_and_commit(restarted))) == [
+        ("b", ChangeType.DELETED),
+        ("c", ChangeType.CREATED),  # again: a repeat is a no-op
+        ("d", ChangeType.CREATED),
+        ("e", ChangeType.CREATED),
+        ("f", ChangeType.CREATED),
+    ]
+    source.set("g", 1)
+    source.publish()
+    assert _changes(_poll_and_commit(restarted)) == [("g", ChangeType.CREATED)]
+
+
+def test_a_source_back_at_the_base_undoes_the_consumed_part(tmp_path: Path) -> None:
+    source, saved = _half_consumed(tmp_path, "bc", limit=1)  # b applied
+    source.delete("b")
+    source.delete("c")
+    source.publish()  # what the base listed
+    restarted = _watcher(source, DirectoryAccess(source.root), tmp_path / "maps", saved)
+    # c was never handed out: its deletion is a no-op, b's is the one that matters.
+    assert _changes(_poll_and_commit(restarted)) == [
+        ("b", ChangeType.DELETED),
+        ("c", ChangeType.DELETED),
+    ]
+    assert restarted.checkpoint.snapshot is not None
+    assert restarted.checkpoint.snapshot.base is None  # consumed: no more reads of the base
+
+
+def test_a_merged_diff_interrupted_again_resumes_exactly(tmp_path: Path) -> None:
+    """The position of a merged diff names its bases, so a second restart skips into it."""
+    source, saved = _half_consumed(tmp_path, "bcdef", limit=2)
+    source.delete("b")
+    source.publish()
+    access = DirectoryAccess(source.root)
+    once = _watcher(source, access, tmp_path / "maps", saved)
+    first = _changes(_poll_and_commit(once, limit=1))
+    position = once.checkpoint.snapshot
+    assert position is not None and len(position.also) == 1
+    again = _watcher(
+        source, access, tmp_path / "maps", Checkpoint.from_json(once.checkpoint.to_json())
+    )
+    rest = _changes(_poll_and_commit(again))
+    assert sorted(first + rest) == [
+        ("b", ChangeType.DELETED),
+        *((n, ChangeType.CREATED) for n in "cdef"),
+    ]
+    assert len(first + rest) == 5  # nothing twice after the second restart

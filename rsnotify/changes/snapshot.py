@@ -63,6 +63,7 @@ __all__ = [
     "MapWriter",
     "PartState",
     "SnapshotState",
+    "change_order",
     "compare_part",
     "derived_time",
     "encode_map",
@@ -386,8 +387,14 @@ def settle(diff: Diff, *, since: datetime | None, at: datetime) -> list[Entry]:
         elif before != fp:
             changes.append(_derived(entry, ChangeType.UPDATED, since, at))
     changes.extend(Entry(loc=loc, change=ChangeType.DELETED, datetime=at) for loc in removed)
-    changes.sort(key=lambda e: (e.datetime, _CHANGE_ORDER[e.change], e.loc))  # type: ignore[index]
+    changes.sort(key=change_order)
     return changes
+
+
+def change_order(entry: Entry) -> tuple[datetime, int, str]:
+    """The fixed order of derived changes (module docstring): time, deletions last, loc."""
+    assert entry.datetime is not None and entry.change is not None
+    return entry.datetime, _CHANGE_ORDER[entry.change], entry.loc
 
 
 def _derived(entry: Entry, change: ChangeType, since: datetime | None, at: datetime) -> Entry:

@@ -45,6 +45,7 @@ import logging
 import os
 import re
 from collections import deque
+from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime
@@ -61,6 +62,7 @@ from .snapshot import (
     Diff,
     PartState,
     SnapshotState,
+    change_order,
     compare_part,
     iter_map,
     map_key,
@@ -69,6 +71,11 @@ from .snapshot import (
 from .watcher import PollResult
 
 log = logging.getLogger("rsnotify.snapshot")
+
+#: How many times the Source may move on while one diff is half consumed
+#: before only a new baseline can tell what the Destination holds (each is one
+#: more read of the Source per poll until the diff is consumed).
+MAX_BASES = 4
 
 __all__ = ["BlobStore", "DirectoryBlobs", "SnapshotWatcher"]
 
@@ -138,6 +145,7 @@ class _Read:
 
     state: SnapshotState
     changes: list[Entry]
+    also: tuple[str, ...] = ()  # other bases of the diff (SnapshotPosition.also)
 
 
 class SnapshotWatcher:
@@ -265,8 +273,11 @@ class SnapshotWatcher:
             )
             skip = 0
         last = len(changes) - 1
+        also = read.also
         for i in range(skip, len(changes)):
-            done = SnapshotPosition(text) if i == last else SnapshotPosition(text, base, i + 1)
+            done = (
+                SnapshotPosition(text) if i == last else SnapshotPosition(text, base, i + 1, also)
+            )
             self._queue.append((changes[i], _at(read.state, done)))
         self._state = read.state
         self._derived = Snapshots(self.resourcelist_url, since, read.state.at)
@@ -289,11 +300,47 @@ class SnapshotWatcher:
         if position is None:
             return await self._first_read()
         if position.base is not None:
-            # A half-consumed diff is computed again from its base, then skipped into.
-            base = SnapshotState.from_json(position.base)
-            return await self._compare(base, validators=base)
+            return await self._resume(position)
         assert self._state is not None  # reset() read it from the checkpoint
         return await self._compare(self._state, validators=self._state)
+
+    async def _resume(self, position: SnapshotPosition) -> _Read | None:
+        """A half-consumed diff, computed again from its base(s) and skipped into.
+
+        While the Source still lists what the position's ``state`` lists, that
+        is the same diff.  If it moved on, the Destination holds, of each
+        resource, either its state in a base or in the snapshot that was half
+        consumed; so the new diff is the union of the differences from each
+        of those to what the Source lists now (a repeat is a no-op, a missed
+        deletion is not: a resource created in the consumed part and deleted
+        since is in neither the base nor the new snapshot).
+        """
+        assert position.base is not None
+        bases = [position.base, *position.also]
+        reads = [await self._diff_from(SnapshotState.from_json(text)) for text in bases]
+        pending = SnapshotState.from_json(position.state)
+        moved = await self._diff_from(pending)
+        now = _content(moved.state)
+        if any(_content(read.state) != now for read in reads):
+            return None  # the Source changed between the reads: the next poll reads again
+        if now == _content(pending):  # the same diff as before the restart
+            changes, also = _union(read.changes for read in reads), position.also
+        else:
+            changes = _union([*(read.changes for read in reads), moved.changes])
+            also = (*position.also, position.state)
+        if len(also) > MAX_BASES:
+            self.holes += 1
+            raise CoverageHole(
+                f"{self.resourcelist_url}: the Resource List changed {len(also)} times "
+                "while one diff was being consumed; only a new baseline can tell what "
+                "the Destination holds"
+            )
+        return _Read(moved.state, changes, also)  # no changes: poll() records the snapshot
+
+    async def _diff_from(self, before: SnapshotState) -> _Read:
+        """The differences from ``before`` to what the Source lists now."""
+        read = await self._compare(before, validators=before)
+        return read if read is not None else _Read(before, [])
 
     async def _first_read(self) -> _Read | None:
         state = await self._record()
@@ -502,9 +549,19 @@ def _unchanged(part: PartState, fetched: Fetched, digest: str) -> PartState:
 
 def _keys(position: SnapshotPosition) -> set[str]:
     keys = SnapshotState.from_json(position.state).keys
-    if position.base is not None:
-        keys |= SnapshotState.from_json(position.base).keys
+    for base in (position.base, *position.also):
+        if base is not None:
+            keys |= SnapshotState.from_json(base).keys
     return keys
+
+
+def _union(diffs: Iterable[list[Entry]]) -> list[Entry]:
+    """Several diffs to one snapshot as one, a loc once (the first diff's), in the fixed order."""
+    merged: dict[str, Entry] = {}
+    for changes in diffs:
+        for entry in changes:
+            merged.setdefault(entry.loc, entry)
+    return sorted(merged.values(), key=change_order)
 
 
 def _at(state: SnapshotState, position: SnapshotPosition) -> Checkpoint:
