@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rsnotify import sitemap
+from rsnotify.changes import snapshotwatch
 from rsnotify.changes.access import DirectoryAccess, Fetched
 from rsnotify.changes.snapshot import (
     Diff,
@@ -168,7 +169,6 @@ def test_a_moved_resource_that_changed_is_updated() -> None:
 # -- the watcher over a directory Source ---------------------------------------------------
 
 
-
 def _res(name: str, length: int) -> Entry:
     return Entry(loc=f"{BASE}/res/{name}", length=length)
 
@@ -190,6 +190,7 @@ def test_a_loc_listed_twice_counts_with_its_last_listing() -> None:
     compare_part(encode_map({a.loc: fingerprint(a)}), [], diff)
     compare_part(b"", [a, a], diff)
     assert settle(diff, since=T0, at=at) == []
+
 
 class CountingAccess(DirectoryAccess):
     """A directory Source that counts the reads that returned bytes, per URL path."""
@@ -465,11 +466,10 @@ def test_maps_no_longer_named_are_swept(tmp_path: Path) -> None:
     assert len(list((tmp_path / "maps").iterdir())) == 1  # the checkpoint's map stays
 
 
-def test_the_maps_of_a_pinned_checkpoint_outlive_later_commits(tmp_path: Path) -> None:
-    """A Destination commits the watcher when it submits a change, and saves its
-    cursor only when the change is applied: until then the maps the durable
-    cursor names must stay, or a restart from it finds them swept (a
-    re-baseline for nothing)."""
+def _pinned_destination(
+    tmp_path: Path,
+) -> tuple[DirSource, DirectoryAccess, SnapshotWatcher, Checkpoint]:
+    """A Destination's watcher with one resource recorded, its cursor saved there (pinned)."""
     source = DirSource(tmp_path / "src")
     source.root.mkdir()
     source.set("a", 1)
@@ -478,16 +478,66 @@ def test_the_maps_of_a_pinned_checkpoint_outlive_later_commits(tmp_path: Path) -
     watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
     _poll_and_commit(watcher)
     durable = Checkpoint.from_json(watcher.checkpoint.to_json())
-    watcher.pin(durable)
+    watcher.pin(durable)  # CollectionSync.load
+    return source, access, watcher, durable
+
+
+def _submit(source: DirSource, watcher: SnapshotWatcher, length: int) -> Checkpoint:
+    """The Source updates a; the Destination polls and submits the change (a commit)."""
+    source.set("a", length)
+    source.publish()
+    _poll_and_commit(watcher)
+    return watcher.checkpoint
+
+
+def test_the_maps_of_a_pinned_checkpoint_outlive_later_commits(tmp_path: Path) -> None:
+    """A Destination commits the watcher when it submits a change, and saves its
+    cursor only when the change is applied: until then the maps the durable
+    cursor names must stay, or a restart from it finds them swept (a
+    re-baseline for nothing)."""
+    source, access, watcher, durable = _pinned_destination(tmp_path)
     for length in range(2, 6):  # submitted, never saved
-        source.set("a", length)
-        source.publish()
-        _poll_and_commit(watcher)
+        _submit(source, watcher, length)
     _poll_and_commit(watcher)  # the sweep runs before each read
     source.set("a", 9)
     source.publish()
     restarted = _watcher(source, access, tmp_path / "maps", durable)
     assert _changes(_poll_and_commit(restarted)) == [("a", ChangeType.UPDATED)]
+
+
+def test_a_cursor_saved_after_later_commits_finds_its_maps(tmp_path: Path) -> None:
+    """A change submitted several commits ago is applied, and its checkpoint saved,
+    after later polls swept: a restart from that cursor still finds its maps."""
+    source, access, watcher, durable = _pinned_destination(tmp_path)
+    # Three diffs submitted; the first change's fetch is slow.
+    submitted = [_submit(source, watcher, length) for length in (2, 3, 4)]
+    _poll_and_commit(watcher)  # the next poll sweeps first
+    applied = submitted[0]  # CollectionSync.save of the first submitted checkpoint
+    watcher.pin(durable, applied)
+    watcher.pin(applied)
+    _poll_and_commit(watcher)  # sweeps again: what the saved cursor names stays
+    restarted = _watcher(source, access, tmp_path / "maps", Checkpoint.from_json(applied.to_json()))
+    try:
+        _poll_and_commit(restarted)
+    except CoverageHole as exc:  # a re-baseline for nothing
+        pytest.fail(f"restart from the saved cursor: {exc}")
+
+
+def test_a_destination_keeps_the_maps_of_a_bounded_number_of_unsaved_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits never saved keep their maps up to a bound (beyond it a late save costs a
+    re-baseline); a save of the latest releases them all."""
+    monkeypatch.setattr(snapshotwatch, "UNSAVED", 2)
+    source, _, watcher, _ = _pinned_destination(tmp_path)
+    for length in range(2, 7):  # five diffs submitted, none applied
+        _submit(source, watcher, length)
+    _poll_and_commit(watcher)
+    # The pinned map, the two latest unsaved before the current one, the current one.
+    assert len(list((tmp_path / "maps").iterdir())) == 4
+    watcher.pin(watcher.checkpoint)  # everything applied and saved
+    _poll_and_commit(watcher)
+    assert len(list((tmp_path / "maps").iterdir())) == 1
 
 
 class NoValidatorsAccess(DirectoryAccess):

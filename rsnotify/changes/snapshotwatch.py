@@ -74,6 +74,10 @@ __all__ = ["BlobStore", "DirectoryBlobs", "SnapshotWatcher"]
 
 _KEY = re.compile(r"[0-9a-f]{64}")
 
+# Checkpoints committed and not yet saved whose maps a watcher keeps (pin).  A
+# Destination submits far fewer diffs than this ahead of its saved cursor.
+UNSAVED = 64
+
 
 class BlobStore(Protocol):
     """Where snapshot maps are kept, by content key."""
@@ -172,7 +176,9 @@ class SnapshotWatcher:
         self._state: SnapshotState | None = None  # latest read, validators included
         self._queue: deque[tuple[Entry, Checkpoint]] = deque()
         self._derived: Snapshots | None = None
-        self._kept: set[str] = set()  # map keys of the snapshot committed before
+        # Checkpoints committed and not yet known durable, oldest first, with their
+        # map keys (see pin); only the one before the current until pin is called.
+        self._unsaved: deque[tuple[Checkpoint, set[str]]] = deque(maxlen=1)
         self._pinned: set[str] = set()  # map keys of the durable checkpoint (pin)
         self._rebaselined = False  # a Destination re-baselines once before recording
         self.reset(checkpoint)
@@ -192,10 +198,18 @@ class SnapshotWatcher:
         return None
 
     def commit(self, checkpoint: Checkpoint) -> None:
-        """The caller logged (or applied) everything up to ``checkpoint``."""
-        old = self.checkpoint.snapshot
-        if old is not None:
-            self._kept = _keys(old)
+        """The caller logged (or submitted) everything up to ``checkpoint``.
+
+        The checkpoint it replaces keeps its maps until :meth:`pin` says a
+        later one is durable: at most :data:`UNSAVED` of them, the oldest
+        dropped beyond that (a cursor saved at one of those costs a
+        re-baseline, never a lost change).  A caller that never pins (the
+        publisher: its log holds the checkpoint once committed) keeps the
+        previous one only.
+        """
+        old = self.checkpoint
+        if old.snapshot is not None and old != checkpoint:
+            self._unsaved.append((old, _keys(old.snapshot)))
         self.checkpoint = checkpoint
         if checkpoint.snapshot is not None:
             self._rebaselined = False
@@ -205,12 +219,20 @@ class SnapshotWatcher:
 
         A Destination commits when it submits a change and saves its cursor
         when the change is applied, some polls later; a restart goes on from
-        the saved cursor, whose maps must not have been swept meanwhile.
+        the saved cursor, whose maps must not have been swept meanwhile, nor
+        those of the checkpoints committed since, which a later save names.
+        The checkpoints committed up to the latest one pinned are released:
+        the cursor never goes back.
         """
         self._pinned = set()
         for checkpoint in checkpoints:
             if checkpoint.snapshot is not None:
                 self._pinned |= _keys(checkpoint.snapshot)
+        unsaved = list(self._unsaved)
+        pinned = [i for i, (checkpoint, _) in enumerate(unsaved) if checkpoint in checkpoints]
+        start = len(unsaved) if self.checkpoint in checkpoints else max(pinned, default=-1) + 1
+        # From the first pin on, a caller that saves later: up to UNSAVED are kept.
+        self._unsaved = deque(unsaved[start:], maxlen=UNSAVED)
 
     def reset(self, checkpoint: Checkpoint) -> None:
         """Forget what was read and not committed; go on from ``checkpoint``."""
@@ -236,7 +258,9 @@ class SnapshotWatcher:
     # -- internals ------------------------------------------------------------------
 
     def _referenced(self) -> set[str]:
-        keys = self._kept | self._pinned
+        keys = set(self._pinned)
+        for _, unsaved in self._unsaved:
+            keys |= unsaved
         if self.checkpoint.snapshot is not None:
             keys |= _keys(self.checkpoint.snapshot)
         if self._state is not None:
