@@ -592,6 +592,42 @@ def test_parts_of_a_directory_source_are_streamed_from_their_files(tmp_path: Pat
     assert all(r.file is not None and r.file.closed and r.body == b"" for r in bodies)
 
 
+def _one_resource_list(length: int, at_minutes: int) -> bytes:
+    entries = [Entry(loc=f"{BASE}/res/a", length=length, lastmod=T0)]
+    at = T0 + timedelta(minutes=at_minutes)
+    return serialize(make_document(Root.URLSET, Capability.RESOURCELIST, at=at, entries=entries))
+
+
+def test_digest_and_map_name_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Source rewrites its list in place (same inode) between hashing and parsing:
+    the digest stored must name the bytes parsed, or the list settling on the
+    hashed bytes would look unchanged and its change would never be reported."""
+    root = tmp_path / "src"
+    root.mkdir()
+    path = root / "resourcelist.xml"
+    path.write_bytes(_one_resource_list(1, 1))
+    source = DirSource(root)
+    watcher = _watcher(source, DirectoryAccess(root), tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    b_bytes, c_bytes = _one_resource_list(2, 2), _one_resource_list(3, 3)
+    real = snapshotwatch._digest
+    rewrite = [c_bytes]
+
+    async def racing(fetched: Fetched) -> str:  # the Source rewrites the file while hashed
+        digest = await real(fetched)
+        if rewrite:
+            path.write_bytes(rewrite.pop())  # same inode: the open file sees it
+        return digest
+
+    monkeypatch.setattr(snapshotwatch, "_digest", racing)
+    path.write_bytes(b_bytes)  # in place, as Path.write_bytes, open(..., 'w') and cp do
+    assert _changes(_poll_and_commit(watcher)) == [("a", ChangeType.UPDATED)]  # 1 -> 3 (C)
+    path.write_bytes(b_bytes)  # the Source settles on B: a is 2 now
+    assert _changes(_poll_and_commit(watcher)) == [("a", ChangeType.UPDATED)]
+
+
 def test_a_snapshot_watcher_never_loads_the_http_client() -> None:
     """The HTTP client is 11 MB of RSS: a directory watcher does without it."""
     code = (

@@ -46,10 +46,10 @@ import os
 import re
 from collections import deque
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol, cast
 
 from .. import sitemap, w3cdt
 from ..durable import sweep_temporaries, write_file
@@ -392,14 +392,15 @@ class SnapshotWatcher:
                 state.parts[url] = _unchanged(same, top, digest)
                 times = []
             else:
-                reader = self._reader(top)
+                parsed = _HashedReads(top)
+                reader = self._reader(parsed.fetched)
                 times = [reader.header.at]
                 if reader.header.is_index:
                     state.index = True
                     part_urls = [entry.loc for entry in reader]
                 else:
-                    state.parts[url] = await self._compare_part(
-                        url, top, reader, digest, same, diff
+                    state.parts[url] = parsed.named(
+                        await self._compare_part(url, top, reader, digest, same, diff)
                     )
         for part_url in part_urls:
             seen = validators.parts.get(part_url) if validators else None
@@ -467,9 +468,10 @@ class SnapshotWatcher:
             old = before.parts.get(url)
             if old is not None and old.digest == digest:
                 return _unchanged(old, fetched, digest)
-            reader = self._reader(fetched, part=True)
+            parsed = _HashedReads(fetched)
+            reader = self._reader(parsed.fetched, part=True)
             times.append(reader.header.at)
-            return await self._compare_part(url, fetched, reader, digest, old, diff)
+            return parsed.named(await self._compare_part(url, fetched, reader, digest, old, diff))
 
     async def _compare_part(
         self,
@@ -503,7 +505,9 @@ class SnapshotWatcher:
 async def _digest(fetched: Fetched) -> str:
     """A part's body digest: an unconditional re-read of the same bytes is no change.
 
-    A file is hashed where it is (off the loop) and rewound for the reader.
+    A file is hashed where it is (off the loop) and rewound for the reader;
+    a part parsed is stored with the digest of the bytes parsed
+    (:class:`_HashedReads`), which a Source rewriting it in place may change.
     """
     if fetched.file is None:
         return hashlib.sha256(fetched.body).hexdigest()
@@ -517,6 +521,39 @@ async def _digest(fetched: Fetched) -> str:
         return value.hexdigest()
 
     return await asyncio.to_thread(digest)
+
+
+class _HashedReads:
+    """``fetched``'s file, hashed as a reader reads it: the digest of the bytes parsed.
+
+    :func:`_digest` hashes a file before any reader is built (unchanged
+    bytes are never parsed); a directory Source may rewrite it in place
+    (same inode) before the reader reads it.  A map stored under the digest
+    hashed would name other bytes than those parsed: a Source settling back
+    on the bytes hashed would look unchanged, and that change never be
+    reported.  Bytes in memory are hashed and parsed as one: nothing to do.
+    """
+
+    def __init__(self, fetched: Fetched) -> None:
+        self._file = fetched.file
+        self._hash = hashlib.sha256()
+        self.fetched = (
+            fetched if self._file is None else replace(fetched, file=cast(IO[bytes], self))
+        )
+
+    def read(self, size: int = -1) -> bytes:
+        assert self._file is not None
+        chunk = self._file.read(size)
+        self._hash.update(chunk)
+        return chunk
+
+    def named(self, part: PartState) -> PartState:
+        """``part``, parsed, with the digest of its bytes (and of any after its end)."""
+        if self._file is None:
+            return part
+        while self.read(1 << 18):
+            pass
+        return replace(part, digest=self._hash.hexdigest())
 
 
 def _unchanged(part: PartState, fetched: Fetched, digest: str) -> PartState:
