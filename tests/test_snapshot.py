@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rsnotify import sitemap
+from rsnotify.changes import snapshotwatch
 from rsnotify.changes.access import DirectoryAccess, Fetched
 from rsnotify.changes.snapshot import (
     Diff,
@@ -465,11 +466,10 @@ def test_maps_no_longer_named_are_swept(tmp_path: Path) -> None:
     assert len(list((tmp_path / "maps").iterdir())) == 1  # the checkpoint's map stays
 
 
-def test_the_maps_of_a_pinned_checkpoint_outlive_later_commits(tmp_path: Path) -> None:
-    """A Destination commits the watcher when it submits a change, and saves its
-    cursor only when the change is applied: until then the maps the durable
-    cursor names must stay, or a restart from it finds them swept (a
-    re-baseline for nothing)."""
+def _pinned_destination(
+    tmp_path: Path,
+) -> tuple[DirSource, DirectoryAccess, SnapshotWatcher, Checkpoint]:
+    """A Destination's watcher with one resource recorded, its cursor saved there (pinned)."""
     source = DirSource(tmp_path / "src")
     source.root.mkdir()
     source.set("a", 1)
@@ -478,16 +478,66 @@ def test_the_maps_of_a_pinned_checkpoint_outlive_later_commits(tmp_path: Path) -
     watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
     _poll_and_commit(watcher)
     durable = Checkpoint.from_json(watcher.checkpoint.to_json())
-    watcher.pin(durable)
+    watcher.pin(durable)  # CollectionSync.load
+    return source, access, watcher, durable
+
+
+def _submit(source: DirSource, watcher: SnapshotWatcher, length: int) -> Checkpoint:
+    """The Source updates a; the Destination polls and submits the change (a commit)."""
+    source.set("a", length)
+    source.publish()
+    _poll_and_commit(watcher)
+    return watcher.checkpoint
+
+
+def test_the_maps_of_a_pinned_checkpoint_outlive_later_commits(tmp_path: Path) -> None:
+    """A Destination commits the watcher when it submits a change, and saves its
+    cursor only when the change is applied: until then the maps the durable
+    cursor names must stay, or a restart from it finds them swept (a
+    re-baseline for nothing)."""
+    source, access, watcher, durable = _pinned_destination(tmp_path)
     for length in range(2, 6):  # submitted, never saved
-        source.set("a", length)
-        source.publish()
-        _poll_and_commit(watcher)
+        _submit(source, watcher, length)
     _poll_and_commit(watcher)  # the sweep runs before each read
     source.set("a", 9)
     source.publish()
     restarted = _watcher(source, access, tmp_path / "maps", durable)
     assert _changes(_poll_and_commit(restarted)) == [("a", ChangeType.UPDATED)]
+
+
+def test_a_cursor_saved_after_later_commits_finds_its_maps(tmp_path: Path) -> None:
+    """A change submitted several commits ago is applied, and its checkpoint saved,
+    after later polls swept: a restart from that cursor still finds its maps."""
+    source, access, watcher, durable = _pinned_destination(tmp_path)
+    # Three diffs submitted; the first change's fetch is slow.
+    submitted = [_submit(source, watcher, length) for length in (2, 3, 4)]
+    _poll_and_commit(watcher)  # the next poll sweeps first
+    applied = submitted[0]  # CollectionSync.save of the first submitted checkpoint
+    watcher.pin(durable, applied)
+    watcher.pin(applied)
+    _poll_and_commit(watcher)  # sweeps again: what the saved cursor names stays
+    restarted = _watcher(source, access, tmp_path / "maps", Checkpoint.from_json(applied.to_json()))
+    try:
+        _poll_and_commit(restarted)
+    except CoverageHole as exc:  # a re-baseline for nothing
+        pytest.fail(f"restart from the saved cursor: {exc}")
+
+
+def test_a_destination_keeps_the_maps_of_a_bounded_number_of_unsaved_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits never saved keep their maps up to a bound (beyond it a late save costs a
+    re-baseline); a save of the latest releases them all."""
+    monkeypatch.setattr(snapshotwatch, "UNSAVED", 2)
+    source, _, watcher, _ = _pinned_destination(tmp_path)
+    for length in range(2, 7):  # five diffs submitted, none applied
+        _submit(source, watcher, length)
+    _poll_and_commit(watcher)
+    # The pinned map, the two latest unsaved before the current one, the current one.
+    assert len(list((tmp_path / "maps").iterdir())) == 4
+    watcher.pin(watcher.checkpoint)  # everything applied and saved
+    _poll_and_commit(watcher)
+    assert len(list((tmp_path / "maps").iterdir())) == 1
 
 
 class NoValidatorsAccess(DirectoryAccess):
@@ -540,6 +590,42 @@ def test_parts_of_a_directory_source_are_streamed_from_their_files(tmp_path: Pat
     bodies = [r for r in reads if not r.not_modified]
     assert len(bodies) == 5  # index + 2 parts, then index + part 0
     assert all(r.file is not None and r.file.closed and r.body == b"" for r in bodies)
+
+
+def _one_resource_list(length: int, at_minutes: int) -> bytes:
+    entries = [Entry(loc=f"{BASE}/res/a", length=length, lastmod=T0)]
+    at = T0 + timedelta(minutes=at_minutes)
+    return serialize(make_document(Root.URLSET, Capability.RESOURCELIST, at=at, entries=entries))
+
+
+def test_digest_and_map_name_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Source rewrites its list in place (same inode) between hashing and parsing:
+    the digest stored must name the bytes parsed, or the list settling on the
+    hashed bytes would look unchanged and its change would never be reported."""
+    root = tmp_path / "src"
+    root.mkdir()
+    path = root / "resourcelist.xml"
+    path.write_bytes(_one_resource_list(1, 1))
+    source = DirSource(root)
+    watcher = _watcher(source, DirectoryAccess(root), tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    b_bytes, c_bytes = _one_resource_list(2, 2), _one_resource_list(3, 3)
+    real = snapshotwatch._digest
+    rewrite = [c_bytes]
+
+    async def racing(fetched: Fetched) -> str:  # the Source rewrites the file while hashed
+        digest = await real(fetched)
+        if rewrite:
+            path.write_bytes(rewrite.pop())  # same inode: the open file sees it
+        return digest
+
+    monkeypatch.setattr(snapshotwatch, "_digest", racing)
+    path.write_bytes(b_bytes)  # in place, as Path.write_bytes, open(..., 'w') and cp do
+    assert _changes(_poll_and_commit(watcher)) == [("a", ChangeType.UPDATED)]  # 1 -> 3 (C)
+    path.write_bytes(b_bytes)  # the Source settles on B: a is 2 now
+    assert _changes(_poll_and_commit(watcher)) == [("a", ChangeType.UPDATED)]
 
 
 def test_a_snapshot_watcher_never_loads_the_http_client() -> None:

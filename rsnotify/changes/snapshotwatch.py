@@ -47,10 +47,10 @@ import re
 from collections import deque
 from collections.abc import Iterable
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol, cast
 
 from .. import sitemap, w3cdt
 from ..durable import sweep_temporaries, write_file
@@ -80,6 +80,10 @@ MAX_BASES = 4
 __all__ = ["BlobStore", "DirectoryBlobs", "SnapshotWatcher"]
 
 _KEY = re.compile(r"[0-9a-f]{64}")
+
+# Checkpoints committed and not yet saved whose maps a watcher keeps (pin).  A
+# Destination submits far fewer diffs than this ahead of its saved cursor.
+UNSAVED = 64
 
 
 class BlobStore(Protocol):
@@ -180,7 +184,9 @@ class SnapshotWatcher:
         self._state: SnapshotState | None = None  # latest read, validators included
         self._queue: deque[tuple[Entry, Checkpoint]] = deque()
         self._derived: Snapshots | None = None
-        self._kept: set[str] = set()  # map keys of the snapshot committed before
+        # Checkpoints committed and not yet known durable, oldest first, with their
+        # map keys (see pin); only the one before the current until pin is called.
+        self._unsaved: deque[tuple[Checkpoint, set[str]]] = deque(maxlen=1)
         self._pinned: set[str] = set()  # map keys of the durable checkpoint (pin)
         self._rebaselined = False  # a Destination re-baselines once before recording
         self.reset(checkpoint)
@@ -200,10 +206,18 @@ class SnapshotWatcher:
         return None
 
     def commit(self, checkpoint: Checkpoint) -> None:
-        """The caller logged (or applied) everything up to ``checkpoint``."""
-        old = self.checkpoint.snapshot
-        if old is not None:
-            self._kept = _keys(old)
+        """The caller logged (or submitted) everything up to ``checkpoint``.
+
+        The checkpoint it replaces keeps its maps until :meth:`pin` says a
+        later one is durable: at most :data:`UNSAVED` of them, the oldest
+        dropped beyond that (a cursor saved at one of those costs a
+        re-baseline, never a lost change).  A caller that never pins (the
+        publisher: its log holds the checkpoint once committed) keeps the
+        previous one only.
+        """
+        old = self.checkpoint
+        if old.snapshot is not None and old != checkpoint:
+            self._unsaved.append((old, _keys(old.snapshot)))
         self.checkpoint = checkpoint
         if checkpoint.snapshot is not None:
             self._rebaselined = False
@@ -213,12 +227,20 @@ class SnapshotWatcher:
 
         A Destination commits when it submits a change and saves its cursor
         when the change is applied, some polls later; a restart goes on from
-        the saved cursor, whose maps must not have been swept meanwhile.
+        the saved cursor, whose maps must not have been swept meanwhile, nor
+        those of the checkpoints committed since, which a later save names.
+        The checkpoints committed up to the latest one pinned are released:
+        the cursor never goes back.
         """
         self._pinned = set()
         for checkpoint in checkpoints:
             if checkpoint.snapshot is not None:
                 self._pinned |= _keys(checkpoint.snapshot)
+        unsaved = list(self._unsaved)
+        pinned = [i for i, (checkpoint, _) in enumerate(unsaved) if checkpoint in checkpoints]
+        start = len(unsaved) if self.checkpoint in checkpoints else max(pinned, default=-1) + 1
+        # From the first pin on, a caller that saves later: up to UNSAVED are kept.
+        self._unsaved = deque(unsaved[start:], maxlen=UNSAVED)
 
     def reset(self, checkpoint: Checkpoint) -> None:
         """Forget what was read and not committed; go on from ``checkpoint``."""
@@ -244,7 +266,9 @@ class SnapshotWatcher:
     # -- internals ------------------------------------------------------------------
 
     def _referenced(self) -> set[str]:
-        keys = self._kept | self._pinned
+        keys = set(self._pinned)
+        for _, unsaved in self._unsaved:
+            keys |= unsaved
         if self.checkpoint.snapshot is not None:
             keys |= _keys(self.checkpoint.snapshot)
         if self._state is not None:
@@ -415,14 +439,15 @@ class SnapshotWatcher:
                 state.parts[url] = _unchanged(same, top, digest)
                 times = []
             else:
-                reader = self._reader(top)
+                parsed = _HashedReads(top)
+                reader = self._reader(parsed.fetched)
                 times = [reader.header.at]
                 if reader.header.is_index:
                     state.index = True
                     part_urls = [entry.loc for entry in reader]
                 else:
-                    state.parts[url] = await self._compare_part(
-                        url, top, reader, digest, same, diff
+                    state.parts[url] = parsed.named(
+                        await self._compare_part(url, top, reader, digest, same, diff)
                     )
         for part_url in part_urls:
             seen = validators.parts.get(part_url) if validators else None
@@ -490,9 +515,10 @@ class SnapshotWatcher:
             old = before.parts.get(url)
             if old is not None and old.digest == digest:
                 return _unchanged(old, fetched, digest)
-            reader = self._reader(fetched, part=True)
+            parsed = _HashedReads(fetched)
+            reader = self._reader(parsed.fetched, part=True)
             times.append(reader.header.at)
-            return await self._compare_part(url, fetched, reader, digest, old, diff)
+            return parsed.named(await self._compare_part(url, fetched, reader, digest, old, diff))
 
     async def _compare_part(
         self,
@@ -526,7 +552,9 @@ class SnapshotWatcher:
 async def _digest(fetched: Fetched) -> str:
     """A part's body digest: an unconditional re-read of the same bytes is no change.
 
-    A file is hashed where it is (off the loop) and rewound for the reader.
+    A file is hashed where it is (off the loop) and rewound for the reader;
+    a part parsed is stored with the digest of the bytes parsed
+    (:class:`_HashedReads`), which a Source rewriting it in place may change.
     """
     if fetched.file is None:
         return hashlib.sha256(fetched.body).hexdigest()
@@ -540,6 +568,39 @@ async def _digest(fetched: Fetched) -> str:
         return value.hexdigest()
 
     return await asyncio.to_thread(digest)
+
+
+class _HashedReads:
+    """``fetched``'s file, hashed as a reader reads it: the digest of the bytes parsed.
+
+    :func:`_digest` hashes a file before any reader is built (unchanged
+    bytes are never parsed); a directory Source may rewrite it in place
+    (same inode) before the reader reads it.  A map stored under the digest
+    hashed would name other bytes than those parsed: a Source settling back
+    on the bytes hashed would look unchanged, and that change never be
+    reported.  Bytes in memory are hashed and parsed as one: nothing to do.
+    """
+
+    def __init__(self, fetched: Fetched) -> None:
+        self._file = fetched.file
+        self._hash = hashlib.sha256()
+        self.fetched = (
+            fetched if self._file is None else replace(fetched, file=cast(IO[bytes], self))
+        )
+
+    def read(self, size: int = -1) -> bytes:
+        assert self._file is not None
+        chunk = self._file.read(size)
+        self._hash.update(chunk)
+        return chunk
+
+    def named(self, part: PartState) -> PartState:
+        """``part``, parsed, with the digest of its bytes (and of any after its end)."""
+        if self._file is None:
+            return part
+        while self.read(1 << 18):
+            pass
+        return replace(part, digest=self._hash.hexdigest())
 
 
 def _unchanged(part: PartState, fetched: Fetched, digest: str) -> PartState:
