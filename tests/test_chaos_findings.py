@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from rsnotify.changes.access import DirectoryAccess
+from rsnotify.changes.watcher import CollectionWatcher
 from rsnotify.errors import RsNotifyError
 from rsnotify.fetch import Fetcher
 from rsnotify.metrics import serving
@@ -52,7 +54,7 @@ async def test_a_cursor_that_cannot_be_saved_stops_the_engine_instead_of_hanging
         engine = CollectionSync(
             collection="c",
             capability_list="http://example.org/c/capabilitylist.xml",
-            watcher=None,  # type: ignore[arg-type]  # not reached: nothing is fetched
+            watcher=_idle_watcher("c"),
             applier=None,  # type: ignore[arg-type]
             cursors=cursors,
             detector=GapDetector(),
@@ -81,11 +83,22 @@ async def shared_env(tmp_path: Path) -> AsyncIterator[Env]:
             await env.store.close()
 
 
+def _idle_watcher(name: str) -> CollectionWatcher:
+    """A real watcher that is never polled here (nothing is fetched); the engine pins it."""
+    return CollectionWatcher(
+        access=DirectoryAccess(Path("/nonexistent")),
+        collection=name,
+        capability_list=f"http://example.org/{name}/capabilitylist.xml",
+        changelist_url=f"http://example.org/{name}/changelist.xml",
+        checkpoint=Checkpoint(),
+    )
+
+
 def _engine(name: str, applier: Applier, cursors: CursorStore) -> CollectionSync:
     return CollectionSync(
         collection=name,
         capability_list=f"http://example.org/{name}/capabilitylist.xml",
-        watcher=None,  # type: ignore[arg-type]  # not reached: no catch-up here
+        watcher=_idle_watcher(name),
         applier=applier,
         cursors=cursors,
         detector=GapDetector(),
