@@ -708,3 +708,32 @@ def test_a_merged_diff_interrupted_again_resumes_exactly(tmp_path: Path) -> None
         *((n, ChangeType.CREATED) for n in "cdef"),
     ]
     assert len(first + rest) == 5  # nothing twice after the second restart
+
+
+def test_lists_are_parsed_and_compared_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 50,000-entry part takes ~0.5 s to parse: not on the loop that serves push."""
+    import threading
+
+    from rsnotify.changes import snapshotwatch
+
+    threads: list[int] = []
+    real = snapshotwatch.compare_part
+
+    def recording(*args: object) -> tuple[bytes, int]:
+        threads.append(threading.get_ident())
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snapshotwatch, "compare_part", recording)
+    source = DirSource(tmp_path / "src", parts=2)
+    source.root.mkdir()
+    for i, n in enumerate("abcd"):
+        source.set(n, 1, part=i % 2)
+    source.publish()
+    watcher = _watcher(source, DirectoryAccess(source.root), tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    source.set("a", 2, part=0)
+    source.publish()
+    assert _changes(_poll_and_commit(watcher)) == [("a", ChangeType.UPDATED)]
+    assert len(threads) == 3 and threading.get_ident() not in threads
