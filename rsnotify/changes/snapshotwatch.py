@@ -641,9 +641,16 @@ def _keys(position: SnapshotPosition) -> set[str]:
 
 
 def _union(diffs: Iterable[list[Entry]]) -> list[Entry]:
-    """Several diffs to one snapshot as one, a loc once (the first diff's), in the fixed order."""
+    """Several diffs to one snapshot as one, a loc once (the first diff's), in the fixed order.
+
+    One diff is returned as it is: a resumed diff must be the very list it
+    was, counted into by position (a loc two parts list can appear twice).
+    """
+    lists = list(diffs)
+    if len(lists) == 1:
+        return lists[0]
     merged: dict[str, Entry] = {}
-    for changes in diffs:
+    for changes in lists:
         for entry in changes:
             merged.setdefault(entry.loc, entry)
     return sorted(merged.values(), key=change_order)
