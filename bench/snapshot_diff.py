@@ -16,7 +16,7 @@ new ``at``.  Three contenders, each in a fresh process (peak RSS its own),
 each starting from the same state directory:
 
 * ``first``: the watcher's first read (no snapshot yet): reads every part and
-  records the state (the maps, in a :class:`~.snapshotwatch.DirectoryBlobs`);
+  records the state (the maps, in a :class:`~rsnotify.changes.snapshotblobs.DirectoryBlobs`);
 * ``one part``: the poll after the change, with the validators of the first
   read: 19 parts answer "not modified", one is parsed and diffed;
 * ``everything``: the same poll by a watcher that kept no validators and no
@@ -238,7 +238,8 @@ def _apply_change(inputs: Path, site: Path) -> None:
 
 def _watcher(site: str, state: str, checkpoint: Any) -> Any:
     from rsnotify.changes.access import DirectoryAccess
-    from rsnotify.changes.snapshotwatch import DirectoryBlobs, SnapshotWatcher
+    from rsnotify.changes.snapshotblobs import DirectoryBlobs
+    from rsnotify.changes.snapshotwatch import SnapshotWatcher
 
     return SnapshotWatcher(
         access=DirectoryAccess(site),

@@ -30,7 +30,8 @@ from rsnotify.changes.snapshot import (
     iter_map,
     settle,
 )
-from rsnotify.changes.snapshotwatch import DirectoryBlobs, SnapshotWatcher
+from rsnotify.changes.snapshotblobs import DirectoryBlobs
+from rsnotify.changes.snapshotwatch import SnapshotWatcher
 from rsnotify.errors import CoverageHole, InvalidDocument
 from rsnotify.model import Capability, ChangeType, Entry, Root, make_document
 from rsnotify.sitemapwriter import serialize

@@ -16,11 +16,12 @@ What a poll costs
     entries and that part's maps in memory, as compressed bytes and a table
     of integers (:func:`.snapshot.compare_part`).  A part of a directory
     Source is hashed and parsed from its open file, never held as bytes; over
-    HTTP the body is received whole.  ``bench.snapshot_diff``: 40 MB peak RSS
-    for that poll, 33 MB of it the interpreter and libraries.
+    HTTP the body is received whole.  ``bench.snapshot_diff``: 45 MB peak RSS
+    for that poll, 32 MB of it the interpreter and libraries.  Parsing runs
+    in a worker thread, off the loop that serves push.
 
 Where the maps live
-    In a :class:`BlobStore`, by content (:func:`.snapshot.map_key`), written
+    In a :class:`~.snapshotblobs.BlobStore`, by content (:func:`.snapshot.map_key`), written
     before any checkpoint names them; the checkpoint holds only the
     snapshot's ``at``, validators and map keys.  A map the store lost (a
     wiped state directory) is a :class:`~rsnotify.errors.CoverageHole`: a
@@ -35,6 +36,14 @@ First read
     the list's ``at`` is the baseline's, nothing happened in between and
     the snapshot is recorded; otherwise it re-baselines once
     (``CoverageHole``), then records.
+
+Why one module of ~610 lines
+    Reading a snapshot, comparing its parts, resuming a half-consumed diff
+    and keeping the maps that checkpoints name are one state machine over
+    one checkpoint format: split, each piece would need the others'
+    invariants (which maps a position names, when a digest may stand for
+    bytes).  The pure rules are :mod:`.snapshot`'s, the map storage
+    :mod:`.snapshotblobs`'.
 """
 
 from __future__ import annotations
@@ -42,18 +51,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
-import re
 from collections import deque
 from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass, replace
 from datetime import datetime
-from pathlib import Path
-from typing import IO, Protocol, cast
+from typing import IO, cast
 
 from .. import sitemap, w3cdt
-from ..durable import sweep_temporaries, write_file
 from ..errors import CoverageHole, InvalidDocument
 from ..model import Capability, Entry
 from ..tracker import Checkpoint, Detection, SnapshotPosition, Snapshots
@@ -68,6 +73,7 @@ from .snapshot import (
     map_key,
     settle,
 )
+from .snapshotblobs import BlobStore
 from .watcher import PollResult
 
 log = logging.getLogger("rsnotify.snapshot")
@@ -77,70 +83,11 @@ log = logging.getLogger("rsnotify.snapshot")
 #: more read of the Source per poll until the diff is consumed).
 MAX_BASES = 4
 
-__all__ = ["BlobStore", "DirectoryBlobs", "SnapshotWatcher"]
-
-_KEY = re.compile(r"[0-9a-f]{64}")
+__all__ = ["SnapshotWatcher"]
 
 # Checkpoints committed and not yet saved whose maps a watcher keeps (pin).  A
 # Destination submits far fewer diffs than this ahead of its saved cursor.
 UNSAVED = 64
-
-
-class BlobStore(Protocol):
-    """Where snapshot maps are kept, by content key."""
-
-    async def get(self, key: str) -> bytes | None: ...
-
-    async def put(self, key: str, data: bytes) -> None: ...
-
-    async def keep(self, keys: set[str]) -> None:
-        """Drop every map but these."""
-
-
-class DirectoryBlobs:
-    """Snapshot maps as files in one directory, each written atomically and durably."""
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-        # The first sweep also removes what a write killed half-way left (the
-        # directory is its watcher's alone, and no write of this one runs yet).
-        self._orphans_swept = False
-
-    def _path(self, key: str) -> Path:
-        if not _KEY.fullmatch(key):
-            raise ValueError(f"not a snapshot map key: {key!r:.80}")
-        return self.root / key
-
-    async def get(self, key: str) -> bytes | None:
-        try:
-            return await asyncio.to_thread(self._path(key).read_bytes)
-        except FileNotFoundError:
-            return None
-
-    async def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-
-        def write() -> None:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if not path.exists():  # content-addressed: the same key is the same bytes
-                write_file(path, data)
-
-        await asyncio.to_thread(write)
-
-    async def keep(self, keys: set[str]) -> None:
-        def sweep() -> None:
-            try:
-                names = os.listdir(self.root)
-            except FileNotFoundError:
-                return
-            for name in names:
-                if _KEY.fullmatch(name) and name not in keys:
-                    (self.root / name).unlink(missing_ok=True)
-            if not self._orphans_swept:
-                sweep_temporaries(self.root)
-                self._orphans_swept = True
-
-        await asyncio.to_thread(sweep)
 
 
 @dataclass(slots=True)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from ..backoff import Backoff
 from ..changes.access import DirectoryAccess, DocumentAccess, HttpAccess
-from ..changes.snapshotwatch import BlobStore
+from ..changes.snapshotblobs import BlobStore
 from ..collection import collection_id
 from ..errors import RsNotifyError, listening
 from ..fetch import Fetcher

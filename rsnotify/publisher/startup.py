@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 from .. import discovery, sitemap
 from ..backoff import Backoff
 from ..changes.access import DirectoryAccess, DocumentAccess
-from ..changes.snapshotwatch import BlobStore, DirectoryBlobs, SnapshotWatcher
+from ..changes.snapshotblobs import BlobStore, DirectoryBlobs
+from ..changes.snapshotwatch import SnapshotWatcher
 from ..changes.watcher import ChangeWatcher, CollectionWatcher
 from ..collection import collection_id
 from ..errors import FetchError, RsNotifyError

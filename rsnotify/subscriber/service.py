@@ -32,7 +32,8 @@ from urllib.parse import urlsplit
 from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
 from ..changes.access import HttpAccess
-from ..changes.snapshotwatch import DirectoryBlobs, SnapshotWatcher
+from ..changes.snapshotblobs import DirectoryBlobs
+from ..changes.snapshotwatch import SnapshotWatcher
 from ..changes.watcher import ChangeWatcher, CollectionWatcher
 from ..collection import collection_id
 from ..envelope import Notification
