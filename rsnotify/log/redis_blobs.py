@@ -33,7 +33,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from .. import redisurl
 from . import Fenced
-from .redis_log import meta_key, unavailable
+from .redis_log import fence_lua, meta_key, unavailable
 
 __all__ = ["RedisBlobs", "snapshots_key"]
 
@@ -43,15 +43,7 @@ T = TypeVar("T")
 # or None, read where it is used.
 
 # KEYS: snapshots, meta.  ARGV: fence ('' = none), then the script's own.
-_FENCE = """
-if ARGV[1] ~= '' then
-  local current = tonumber(redis.call('HGET', KEYS[2], 'fence') or '0')
-  if tonumber(ARGV[1]) < current then
-    return redis.error_reply('RSN_FENCED ' .. current)
-  end
-  redis.call('HSET', KEYS[2], 'fence', ARGV[1])
-end
-"""
+_FENCE = fence_lua(1)
 # ARGV[2]: the map's key, ARGV[3]: its bytes (content-addressed: a key already
 # there holds these very bytes).
 _PUT = _FENCE + "return redis.call('HSETNX', KEYS[1], ARGV[2], ARGV[3])"

@@ -79,21 +79,35 @@ COLLECTIONS_KEY = "rsn:collections"
 # (MovedError is an AskError; redis-py strips the word MOVED from the message.)
 _MOVING = (AskError, TryAgainError, ClusterDownError)
 
+
+def fence_lua(arg: int) -> str:
+    """Lua refusing a fencing token ``ARGV[arg]`` older than the ``meta`` hash's
+    (``KEYS[2]``), else raising that one to it; ``''``: not fenced.  One rule for
+    every script a leader writes with (appends here, snapshot maps in
+    :mod:`.redis_blobs`)."""
+    return f"""
+if ARGV[{arg}] ~= '' then
+  local current = tonumber(redis.call('HGET', KEYS[2], 'fence') or '0')
+  if tonumber(ARGV[{arg}]) < current then
+    return redis.error_reply('RSN_FENCED ' .. current)
+  end
+  redis.call('HSET', KEYS[2], 'fence', ARGV[{arg}])
+end
+"""
+
+
 # KEYS: log, meta, pending.  ARGV: expected head, checkpoint, fence ('' = none),
 # now ms, max_len ('' = none), stage ('1': to pending, see above; '' = to the log),
 # payloads...
-_APPEND = """
+_APPEND = (
+    """
 local head = tonumber(redis.call('HGET', KEYS[2], 'head') or '0')
 if head ~= tonumber(ARGV[1]) then
   return redis.error_reply('RSN_CONFLICT ' .. head)
 end
-if ARGV[3] ~= '' then
-  local current = tonumber(redis.call('HGET', KEYS[2], 'fence') or '0')
-  if tonumber(ARGV[3]) < current then
-    return redis.error_reply('RSN_FENCED ' .. current)
-  end
-  redis.call('HSET', KEYS[2], 'fence', ARGV[3])
-end
+"""
+    + fence_lua(3)
+    + """
 local stream = KEYS[1]
 if ARGV[6] ~= '' then
   stream = KEYS[3]
@@ -108,6 +122,7 @@ if ARGV[5] ~= '' and ARGV[6] == '' then
 end
 return head
 """
+)
 
 # KEYS: log, pending.  ARGV: max_len ('' = none).  Move what is pending to the log,
 # same ids, skipping any the log already holds (a release repeated after a failover).
