@@ -301,6 +301,18 @@ def _watcher(
     )
 
 
+def _recorded(tmp_path: Path) -> tuple[DirSource, DirectoryAccess, SnapshotWatcher]:
+    """A Source listing one resource, ``a``, and a watcher that recorded its snapshot."""
+    source = DirSource(tmp_path / "src")
+    source.root.mkdir()
+    source.set("a", 1)
+    source.publish()
+    access = DirectoryAccess(source.root)
+    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    return source, access, watcher
+
+
 def _changes(result: object) -> list[tuple[str, ChangeType]]:
     detections = result.detections  # type: ignore[attr-defined]
     return [(e.loc.rsplit("/", 1)[1], e.change) for d in detections for e in d.entries]
@@ -368,13 +380,7 @@ def test_an_index_reads_only_the_part_that_changed_and_sees_moves(tmp_path: Path
 
 
 def test_a_half_consumed_diff_resumes_exactly_after_a_restart(tmp_path: Path) -> None:
-    source = DirSource(tmp_path / "src")
-    source.root.mkdir()
-    source.set("a", 1)
-    source.publish()
-    access = DirectoryAccess(source.root)
-    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
-    _poll_and_commit(watcher)
+    source, access, watcher = _recorded(tmp_path)
     for n in "bcdef":
         source.set(n, 1)
     source.publish()
@@ -390,13 +396,7 @@ def test_a_half_consumed_diff_resumes_exactly_after_a_restart(tmp_path: Path) ->
 
 
 def test_a_lost_map_is_a_coverage_hole(tmp_path: Path) -> None:
-    source = DirSource(tmp_path / "src")
-    source.root.mkdir()
-    source.set("a", 1)
-    source.publish()
-    access = DirectoryAccess(source.root)
-    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
-    _poll_and_commit(watcher)
+    source, _, watcher = _recorded(tmp_path)
     for blob in (tmp_path / "maps").iterdir():
         blob.unlink()
     source.set("a", 2)
@@ -444,13 +444,7 @@ def test_a_change_list_where_a_resource_list_belongs_is_refused(tmp_path: Path) 
 
 
 def test_maps_no_longer_named_are_swept(tmp_path: Path) -> None:
-    source = DirSource(tmp_path / "src")
-    source.root.mkdir()
-    source.set("a", 1)
-    source.publish()
-    access = DirectoryAccess(source.root)
-    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
-    _poll_and_commit(watcher)
+    source, access, watcher = _recorded(tmp_path)
     for length in range(2, 6):
         source.set("a", length)
         source.publish()
@@ -471,13 +465,7 @@ def _pinned_destination(
     tmp_path: Path,
 ) -> tuple[DirSource, DirectoryAccess, SnapshotWatcher, Checkpoint]:
     """A Destination's watcher with one resource recorded, its cursor saved there (pinned)."""
-    source = DirSource(tmp_path / "src")
-    source.root.mkdir()
-    source.set("a", 1)
-    source.publish()
-    access = DirectoryAccess(source.root)
-    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
-    _poll_and_commit(watcher)
+    source, access, watcher = _recorded(tmp_path)
     durable = Checkpoint.from_json(watcher.checkpoint.to_json())
     watcher.pin(durable)  # CollectionSync.load
     return source, access, watcher, durable
@@ -643,12 +631,7 @@ def test_a_snapshot_watcher_never_loads_the_http_client() -> None:
 
 def _half_consumed(tmp_path: Path, new: str, limit: int) -> tuple[DirSource, Checkpoint]:
     """A Source holding ``a``, then ``a`` + ``new``: ``limit`` of that diff consumed."""
-    source = DirSource(tmp_path / "src")
-    source.root.mkdir()
-    source.set("a", 1)
-    source.publish()
-    watcher = _watcher(source, DirectoryAccess(source.root), tmp_path / "maps", Checkpoint())
-    _poll_and_commit(watcher)
+    source, _, watcher = _recorded(tmp_path)
     for n in new:
         source.set(n, 1)
     source.publish()
