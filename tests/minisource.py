@@ -8,6 +8,7 @@ Source, then send (or forge) the notifications a publisher would.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections import Counter
@@ -36,6 +37,8 @@ class Source:
         self.files: dict[str, bytes] = {}
         self.changes: list[Entry] = []
         self.hits: Counter[str] = Counter()
+        # path -> an Event requests for it wait for (counted in hits first): a slow Source.
+        self.gates: dict[str, asyncio.Event] = {}
         self.initial: dict[str, bytes] = {}  # the Resource List's snapshot at self.at
         self.at = w3cdt.now() - timedelta(minutes=5)
         self._runner: web.AppRunner | None = None
@@ -112,6 +115,9 @@ class Source:
 
     async def _handle(self, request: web.Request) -> web.Response:
         self.hits[request.path] += 1
+        gate = self.gates.get(request.path)
+        if gate is not None:
+            await gate.wait()
         document = self._documents().get(request.path)
         if document is not None:
             return web.Response(body=document, content_type="application/xml")

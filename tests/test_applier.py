@@ -1182,3 +1182,36 @@ async def test_an_old_store_is_migrated_and_its_states_stay_trusted(tmp_path: Pa
         assert state is not None and not state.confirmed
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("signed", [True, False])
+async def test_a_walk_settles_what_push_applied_however_often_it_changed(
+    env: Env, source: Source, signed: bool
+) -> None:
+    """A resource changed twice between two walks costs the walk no task and no row.
+
+    Push applied every change; the walk reads them all again from the Change
+    List.  Each resource's last entry equals its state, so it and every
+    earlier entry of that resource are done (before, the earlier one was
+    recorded superseded and the last submitted, fetched nowhere but logged
+    as skipped).  Unsigned, the states are provisional and only each
+    resource's last entry is confirmed.
+    """
+    applier = env.applier()
+    changes = [("/a", "created", at(1), b"a1"), ("/b", "created", at(2), b"b1"),
+               ("/a", "updated", at(3), b"a2")]  # fmt: skip
+    entries = []
+    for path, change, when, body in changes:
+        source.files[path] = body
+        note = env.note(path, change, when, body=body)
+        assert await applier.apply(note, confirmed=signed) is Outcome.APPLIED
+        entries.append(Entry(loc=note.loc, change=note.change, datetime=when,
+                             hash=note.hash, length=note.length))  # fmt: skip
+    assert await applier.settle_many(entries) == [True, True, True]
+    assert await env.outcomes("/a") == ["applied", "applied"] + ([] if signed else ["confirmed"])
+    assert await env.outcomes("/b") == ["applied"] + ([] if signed else ["confirmed"])
+    state = await env.store.get(source.url("/a"))
+    assert state is not None and state.confirmed and state.datetime == at(3)
+    # The newest entry not yet applied: that resource's every entry needs work.
+    later = Entry(loc=source.url("/a"), change=ChangeType.UPDATED, datetime=at(4))
+    assert await applier.settle_many([*entries, later]) == [False, True, False, False]

@@ -576,3 +576,49 @@ async def test_a_quiet_walk_follows_push_and_moves_the_position_without_reapplyi
     assert all(applied[e.loc] == 1 for e in entries), "the walk applied again what push did"
     confirmed = {r.loc for r in records if r.outcome == "confirmed"}
     assert {e.loc for e in entries[:10]} <= confirmed, "provisional states were confirmed"
+
+
+async def test_push_is_applied_while_a_quiet_walk_waits_for_the_source(
+    tmp_path: Path, mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk that follows push runs beside it: a slow Change List holds no notification.
+
+    While the engine waited for that walk, every notification that came
+    meanwhile waited too (the p99 of change-to-applied in bench.e2e).
+    """
+    monkeypatch.setattr(sync_module, "CONFIRM_AFTER_CHANGES", 3)
+    async with following(tmp_path, mosquitto) as s:
+        gate = s.source.gates["/changelist.xml"] = asyncio.Event()
+        reads = s.source.hits["/changelist.xml"]
+        try:
+            first = [s.source.change(f"n{i}.txt", f"new {i}\n".encode()) for i in range(3)]
+            for seq, entry in enumerate(first, start=1):
+                _send_genuine(s, seq, entry, signed=False)
+            await async_wait_for(
+                lambda: s.source.hits["/changelist.xml"] > reads,
+                timeout=20,
+                message="no quiet walk began after three pushed changes",
+            )
+            later = s.source.change("later.txt", b"pushed while the walk waits\n")
+            _send_genuine(s, 4, later, signed=False)
+            await async_wait_for(
+                lambda: not s.differences(),
+                timeout=20,
+                message=lambda: f"push waited for the walk: {s.differences()}",
+            )
+            assert not gate.is_set() and s.engine.stats.confirm_walks == 1
+        finally:
+            gate.set()
+        await async_wait_for(
+            lambda: (
+                s.engine._following is None
+                and s.engine.applied.last_time is not None
+                and s.engine.applied.last_time >= later.datetime
+            ),  # type: ignore[operator]
+            timeout=20,
+            message=lambda: f"the walk did not end or move the position: {s.engine.applied}",
+        )
+        found = await s.outcomes(later.loc, later.datetime)  # type: ignore[arg-type]
+        passes = s.source.hits["/changelist.xml"] - reads
+    assert found[0].outcome == "applied" and found[0].seq == 4, "applied from push"
+    assert passes == 1, f"{passes} reads of the Change List: what came since is pushed anyway"

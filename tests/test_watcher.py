@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,3 +135,44 @@ async def test_a_poll_by_lists_hands_out_whole_lists_once_in_order(tmp_path: Pat
     assert results[-1].checkpoint == whole.checkpoint  # validators included: next poll is a 304
     again = await watcher.poll(lists=1)
     assert again.count == 0 and not again.more
+
+
+async def test_large_lists_and_fragments_are_parsed_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A walk that follows push reads ~1,000 entries at once: parsing them held the loop.
+
+    Lists read whole and appended fragments of 64 KB and up are parsed in a
+    worker thread; small fragments in place; a poll with an entry limit
+    (the publisher's) parses as it consumes, on the loop, never holding the
+    whole list.
+    """
+    _source(tmp_path)
+    threads: list[int] = []
+
+    class Recording(sitemap.DocumentReader):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            threads.append(threading.get_ident())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(sitemap, "DocumentReader", Recording)
+    loop_thread = threading.get_ident()
+    limited = _watcher(tmp_path)
+    assert (await limited.poll(1_000)).count == 1_000
+    assert threads[1:] == [loop_thread], "a limited poll parses cl1 as it goes, on the loop"
+    threads.clear()
+    watcher = _watcher(tmp_path)
+    result = await watcher.poll()
+    watcher.commit(result.checkpoint)
+    assert result.count == 5_000 and result.full_reads == 2
+    assert len(threads) == 3 and threads[0] == loop_thread  # the index, then cl1 and cl2
+    assert loop_thread not in threads[1:], "a list read whole was parsed on the loop"
+    found = []
+    for count in (3_200, 3_203):  # cl2 had 2,600: 600 entries appended (~100 KB), then 3
+        threads.clear()
+        _changelist(tmp_path, "cl2.xml", 2_400, count, closed=False)
+        result = await watcher.poll()
+        watcher.commit(result.checkpoint)
+        assert result.full_reads == 0 and len(threads) == 1  # one ranged read, parsed once
+        found.append((result.count, threads[0] == loop_thread))
+    assert found == [(600, False), (3, True)], "(new entries, parsed on the loop's thread)"

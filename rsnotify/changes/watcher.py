@@ -18,6 +18,7 @@ or replaced.  Each list read out of order is reported once, as a warning.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Iterator
@@ -43,6 +44,11 @@ from .access import DocumentAccess, Fetched
 from .incremental import TailState, fragment, scan
 
 log = logging.getLogger("rsnotify.publish")
+# A list or appended fragment of this size (about 150 entries) and up is parsed in a
+# worker thread (see _parsed); a whole list beyond the second bound is parsed as it
+# is consumed, on the loop, so that its entries are never all held at once.
+THREADED_BYTES = 64 * 1024
+THREADED_MAX_BYTES = 8 * 1024 * 1024
 _LINE = re.compile(r"^line \d+: ")
 
 
@@ -207,10 +213,31 @@ class CollectionWatcher:
             self._warned.add(kind)
             log.log(level, "%s: %s: %s", self.collection, url, warning)
 
+    async def _parsed(self, document: bytes, url: str) -> list[Entry]:
+        """Every entry of ``document``; a large one parsed in a worker thread.
+
+        A Destination's walk that follows push reads a thousand new entries
+        at once (~0.4 MB, 10-20 ms of parsing): on the loop, every
+        notification waited for it.  In a thread the loop gets the
+        interpreter back within its switch interval.  The reader is built and
+        drained in that one thread (an lxml parser driven from two threads
+        crashed, see :mod:`.snapshotwatch`).  The usual fragment, a few
+        entries, is parsed in place: the hop would cost more than the parse.
+        """
+        if len(document) < THREADED_BYTES:
+            return list(self._entries(document, url))
+        return await asyncio.to_thread(lambda: list(self._entries(document, url)))
+
     async def _read_list(
-        self, url: str, result: PollResult, prefetched: Fetched | None
+        self, url: str, result: PollResult, prefetched: Fetched | None, *, whole: bool = False
     ) -> Iterator[Entry] | None:
-        """New-looking entries of one list (None: unchanged since the last read)."""
+        """New-looking entries of one list (None: unchanged since the last read).
+
+        ``whole``: the caller consumes every entry of the list at once (no
+        entry limit), so a list read whole may be parsed up front, off the
+        loop (:meth:`_parsed`), when its size is within
+        :data:`THREADED_MAX_BYTES`.
+        """
         state = self._lists.setdefault(url, _ListState())
         if prefetched is not None:
             fetched = prefetched
@@ -229,7 +256,7 @@ class CollectionWatcher:
             piece = fragment(state.tail, fetched.body, fetched.range_start)
             if piece is not None:
                 document, tail = piece
-                entries = list(self._entries(document, url))  # small; parse before moving on
+                entries = await self._parsed(document, url)  # parse before moving on
                 state.tail = tail
                 return iter(entries)
             log.info("%s: %s changed before the known end; reading it whole", self.collection, url)
@@ -238,6 +265,8 @@ class CollectionWatcher:
             state.etag, state.last_modified = fetched.etag, fetched.last_modified
         result.full_reads += 1
         state.tail = scan(fetched.body)
+        if whole and THREADED_BYTES <= len(fetched.body) <= THREADED_MAX_BYTES:
+            return iter(await self._parsed(fetched.body, url))
         return self._entries(fetched.body, url)
 
     async def _refresh_index(self) -> dict[str, Fetched]:
@@ -348,7 +377,9 @@ class CollectionWatcher:
                     break
                 ref = work.refs.pop(0)
                 try:
-                    entries = await self._read_list(ref.url, result, work.prefetched.get(ref.url))
+                    entries = await self._read_list(
+                        ref.url, result, work.prefetched.get(ref.url), whole=limit is None
+                    )
                 except DocumentError:
                     self._lists.pop(ref.url, None)  # read it whole next time
                     raise

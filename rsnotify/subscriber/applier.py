@@ -273,9 +273,13 @@ class Applier:
         walk, and every restart, cost as much as applying them again.  An entry
         exactly equal to its resource's state (same change time and type) is
         done; a provisional state it equals is confirmed here, in one
-        transaction for the batch.  Only for resources with nothing queued in
-        this applier (an earlier change in flight could still move the state),
-        and never for a change dated beyond the clock-skew bound.
+        transaction for the batch.  So is every earlier entry of a resource
+        whose last entry in ``changes`` is done: the mirror already holds a
+        newer change the Source lists (a resource changed twice between two
+        walks cost a superseded row, a task, a state read and a skipped row
+        for what push had applied).  Only for resources with nothing queued
+        in this applier (an earlier change in flight could still move the
+        state), and never for a change dated beyond the clock-skew bound.
         """
         if self.metadata_only or not changes:  # the batch recorder is the cheap path there
             return [False] * len(changes)
@@ -284,28 +288,32 @@ class Applier:
         locs = [v.loc for v in views if v.loc not in self._queued]
         states = await self.resources.get_many(locs) if locs else {}
         now = datetime.now(UTC)
-        settled: list[bool] = []
-        busy: set[str] = set()
+        settled = [False] * len(views)
+        done: dict[str, bool] = {}  # loc -> its last entry in the batch is done
         rows: list[tuple[tuple[Any, ...], int]] = []
-        for view in views:
+        for i in range(len(views) - 1, -1, -1):  # each resource's last entry decides
+            view = views[i]
+            known = done.get(view.loc)
+            if known is not None:
+                settled[i] = known
+                continue
             state = states.get(view.loc)
             if (
                 view.loc in self._queued
-                or view.loc in busy
                 or state is None
                 or not same_change(state, view)
                 or beyond_skew(view.datetime, now, self.max_skew)
             ):
-                busy.add(view.loc)  # a later entry of this loc waits behind this one
-                settled.append(False)
+                done[view.loc] = False  # every entry of this loc is applied in order
                 continue
             if not state.confirmed:
                 row = self.resources.row(
                     view.loc, view.change, view.datetime, outcome=Outcome.CONFIRMED, seq=view.seq
                 )
                 rows.append((row, CONFIRM))
-            settled.append(True)
+            done[view.loc] = settled[i] = True
         if rows:
+            rows.reverse()  # in the order of the list
             await self.resources.record_rows(rows)
         return settled
 
