@@ -206,6 +206,7 @@ class Simulator:
         self.counters = _Counters()
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._changed = asyncio.Event()  # set by apply(): the --dir copy has something to write
         self._rate_samples: deque[tuple[float, int]] = deque(maxlen=64)
         self._started_mono = 0.0
         self.pinger = (
@@ -319,6 +320,7 @@ class Simulator:
             self.counters.batches += 1
             if self.writer is not None:
                 self.writer.note(applied)
+                self._changed.set()
             if self.pinger is not None:
                 self.pinger.changed({item.collection.capability_list_url for item in applied})
         return len(applied)
@@ -365,11 +367,26 @@ class Simulator:
         return (self.source.total_changes - old[1]) / span if span > 0 else 0.0
 
     async def _flush_loop(self) -> None:
+        """Write the ``--dir`` copy when something changed, at most once per flush interval.
+
+        On the leading edge, as a Source that appends to its Change List when
+        a change happens: a change after a quiet interval is written at once,
+        and a burst is coalesced into one write per interval.  (A fixed timer
+        made every change wait for its next tick: half the interval on
+        average, 2.5 ms of bench.e2e's 5 ms, inside every latency it measured.)
+        """
         assert self.writer is not None
+        loop = asyncio.get_running_loop()
+        written = loop.time() - self.config.flush_interval
         while True:
-            await asyncio.sleep(self.config.flush_interval)
+            await self._changed.wait()
+            wait = written + self.config.flush_interval - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._changed.clear()
             if self.writer.pending:
                 await self.writer.flush(self.now(), self._resourcelist_max_age())
+            written = loop.time()
 
     def _resourcelist_max_age(self) -> float:
         """Stale Resource Lists only while the generator is changing things."""
