@@ -46,9 +46,9 @@ folded into another.  A cross-check from the subscriber's own ``/metrics`` e2e h
 stamped after the cursor passes the change) is in the JSON.
 
 The simulator runs in a child process of this bench with a **5 ms flush
-interval** for its ``--dir`` copy (the CLI's default is 500 ms, which would
-add ~250 ms of Source-side delay to every push change and measure the
-simulator, not rsnotify), and without rebuilding its Resource List while it
+interval** for its ``--dir`` copy (written on the leading edge of a change, at
+most that often; the CLI's default of 500 ms would hold a burst's later
+changes up to 500 ms and measure the simulator, not rsnotify), and without rebuilding its Resource List while it
 changes (5,000 entries stall its event loop ~45 ms, once a second by
 default).  What remains of the Source's delay is part of the *detect* stage
 reported beside the latency (change datetime -> publisher detected it, from

@@ -5,19 +5,24 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from rsnotify import sitemap
-from rsnotify.changes.incremental import OVERLAP, fragment, scan
+from rsnotify.changes.incremental import OVERLAP, fragment, regrown, scan
 from rsnotify.model import ChangeType, Entry, Link, Root, make_document
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
-def changelist(n: int) -> bytes:
+def changelist(n: int, *, closed: bool = False) -> bytes:
     entries = [
         Entry(loc=f"http://s/r{i}", lastmod=T0 + timedelta(seconds=i), change=ChangeType.CREATED)
         for i in range(n)
     ]
     doc = make_document(
-        Root.URLSET, "changelist", from_=T0, links=[Link("up", "http://s/cap.xml")], entries=entries
+        Root.URLSET,
+        "changelist",
+        from_=T0,
+        until=T0 + timedelta(seconds=n) if closed else None,
+        links=[Link("up", "http://s/cap.xml")],
+        entries=entries,
     )
     return sitemap.serialize(doc)
 
@@ -63,3 +68,32 @@ def test_an_empty_list_can_be_followed_incrementally() -> None:
 
 def test_a_body_without_a_recognisable_header_is_not_followed() -> None:
     assert scan(b"<x/>") is None
+
+
+def test_a_list_closed_since_is_parsed_from_the_known_end() -> None:
+    """Closing adds ``until`` to the header (section 12.1): the entries after it only shift."""
+    old, closed = changelist(100), changelist(103, closed=True)
+    state = scan(old)
+    assert state is not None and fragment(state, closed[state.range_start :], 0) is None
+    piece = regrown(state, closed)
+    assert piece is not None
+    document, after = piece
+    assert b"until=" in document and document.count(b"<url>") == 3
+    assert [e.loc for e in sitemap.parse(document)] == [
+        "http://s/r100",
+        "http://s/r101",
+        "http://s/r102",
+    ]
+    assert after == scan(closed)
+    # Unchanged but for the header, nothing new: a document of no entries.
+    assert regrown(state, changelist(100, closed=True))[0].count(b"<url>") == 0  # type: ignore[index]
+
+
+def test_a_list_rewritten_before_its_known_end_is_parsed_whole() -> None:
+    old = changelist(100)
+    state = scan(old)
+    assert state is not None
+    at = old.rindex(b'change="created"')  # the last known entry changed (its overlap)
+    assert regrown(state, old[:at] + b'change="updated"' + old[at + 16 :]) is None
+    assert regrown(state, changelist(99, closed=True)) is None  # shrank
+    assert regrown(state, b"<urlset/>") is None

@@ -176,3 +176,33 @@ async def test_large_lists_and_fragments_are_parsed_off_the_loop(
         assert result.full_reads == 0 and len(threads) == 1  # one ranged read, parsed once
         found.append((result.count, threads[0] == loop_thread))
     assert found == [(600, False), (3, True)], "(new entries, parsed on the loop's thread)"
+
+
+async def test_a_list_closed_since_the_last_poll_is_parsed_from_its_known_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing adds ``until`` to the header: the list is read whole, but parsed from where it was.
+
+    A walk that follows push meets that at nearly every list end, and parsed
+    again the thousand entries it had consumed.
+    """
+    _source(tmp_path)
+    watcher = _watcher(tmp_path)
+    watcher.commit((await watcher.poll()).checkpoint)
+    parsed: list[int] = []
+
+    class Recording(sitemap.DocumentReader):
+        def __init__(self, source: bytes, *args: Any, **kwargs: Any) -> None:
+            parsed.append(len(source))
+            super().__init__(source, *args, **kwargs)
+
+    monkeypatch.setattr(sitemap, "DocumentReader", Recording)
+    _changelist(tmp_path, "cl2.xml", 2_400, 2_610, closed=True)
+    whole = (tmp_path / "c1" / "cl2.xml").stat().st_size
+    result = await watcher.poll()
+    watcher.commit(result.checkpoint)
+    new = [e.loc for d in result.detections for e in d.entries]
+    assert new == [f"http://source.example/r{i % 97}" for i in range(5_000, 5_010)]
+    assert result.full_reads == 0 and result.bytes_read > whole  # the range, then the whole list
+    assert len(parsed) == 1 and parsed[0] < 4_000, f"parsed {parsed} bytes of {whole}"
+    assert (await watcher.poll()).count == 0

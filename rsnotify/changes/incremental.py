@@ -75,6 +75,31 @@ def fragment(state: TailState, body: bytes, start: int) -> tuple[bytes, TailStat
     )
 
 
+def regrown(state: TailState, body: bytes) -> tuple[bytes, TailState] | None:
+    """The entries after the known end of a list read whole whose *header* alone changed.
+
+    A Source closes a Change List by adding ``until`` to its ``rs:md``
+    (Z39.99 section 12.1): every byte after the header shifts, so the ranged
+    read fails its overlap check and the list is read whole, and a walk then
+    parsed again the thousand entries it had consumed.  If ``body``'s entries
+    still hold the overlap we remember at the shifted end offset, the entries
+    before it are taken as unchanged, the same test a ranged read passes,
+    and only those after it are returned, as :func:`fragment` does (with the
+    new header).  None: anything else changed; parse the whole list.
+    """
+    match = _FIRST_ENTRY.search(body, 0, MAX_HEADER + 5)
+    if match is None or len(state.overlap) < OVERLAP:
+        return None  # no entries, or too few known bytes to recognise the place
+    first = match.start()
+    offset = state.offset + first - len(state.header)
+    if offset < first or body[offset - OVERLAP : offset] != state.overlap:
+        return None
+    tail = scan(body)
+    if tail is None or tail.offset < offset:
+        return None
+    return body[:first] + body[offset:], tail
+
+
 class EntryCounter:
     """Counts entry start tags (``<url>``, ``<sitemap>``) in a document read chunk by chunk.
 

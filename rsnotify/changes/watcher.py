@@ -41,7 +41,7 @@ from ..tracker import (
     starting_point,
 )
 from .access import DocumentAccess, Fetched
-from .incremental import TailState, fragment, scan
+from .incremental import TailState, fragment, regrown, scan
 
 log = logging.getLogger("rsnotify.publish")
 # A list or appended fragment of this size (about 150 entries) and up is parsed in a
@@ -260,9 +260,16 @@ class CollectionWatcher:
                 state.tail = tail
                 return iter(entries)
             log.info("%s: %s changed before the known end; reading it whole", self.collection, url)
+            known = state.tail
             fetched = await self.access.read(url)
             result.bytes_read += len(fetched.body)
             state.etag, state.last_modified = fetched.etag, fetched.last_modified
+            piece = regrown(known, fetched.body)  # closed: only its header changed
+            if piece is not None:
+                document, tail = piece
+                entries = await self._parsed(document, url)
+                state.tail = tail
+                return iter(entries)
         result.full_reads += 1
         state.tail = scan(fetched.body)
         if whole and THREADED_BYTES <= len(fetched.body) <= THREADED_MAX_BYTES:
