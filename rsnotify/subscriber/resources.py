@@ -67,6 +67,8 @@ __all__ = [
     "ResourceState",
     "ResourceStore",
     "ResourceStoreError",
+    "state_of_row",
+    "to_us",
 ]
 
 T = TypeVar("T")
@@ -151,7 +153,8 @@ class ApplyRecord:
 _CHANGE_TYPES = {kind.value: kind for kind in ChangeType}  # a row's change, without Enum's call
 
 
-def _to_us(value: datetime) -> int:
+def to_us(value: datetime) -> int:
+    """``value`` (aware) as integer microseconds since the epoch: how the store keeps times."""
     if value.tzinfo is None:
         raise ValueError("naive datetime: rsnotify times are aware (UTC)")
     return (value - _EPOCH) // _MICROSECOND
@@ -177,6 +180,26 @@ def _state_of(row: tuple[Any, ...]) -> ResourceState:
         length=length,
         applied_at=_from_us(applied),
         confirmed=bool(confirmed),
+    )
+
+
+def state_of_row(row: tuple[Any, ...], applied_at: datetime | None = None) -> ResourceState:
+    """The state a row made by :meth:`ResourceStore.row` leaves when it moves the state.
+
+    ``applied_at``: its stamp (``row[4]``) already converted, by a caller that
+    converts many rows of one batch.  For the store's cache and the batch
+    recorder, which keep rows and build a state only when one is read.
+    """
+    loc, change, when, seq, applied, sha256, length = row[:7]
+    return ResourceState(
+        loc=loc,
+        change=_CHANGE_TYPES[change],
+        datetime=_from_us(when),
+        seq=seq,
+        sha256=sha256,
+        length=length,
+        applied_at=_from_us(applied) if applied_at is None else applied_at,
+        confirmed=bool(row[9]),
     )
 
 
@@ -358,19 +381,10 @@ class ResourceStore:
         value = self._cache[loc]
         if not isinstance(value, tuple):
             return value
-        loc, change, when, seq, applied, sha256, length = value[:7]
+        applied = value[4]
         if applied != self._applied_us:  # a batch's rows share one stamp: converted once
             self._applied_us, self._applied_at = applied, _from_us(applied)
-        state = ResourceState(
-            loc=loc,
-            change=_CHANGE_TYPES[change],
-            datetime=_from_us(when),
-            seq=seq,
-            sha256=sha256,
-            length=length,
-            applied_at=self._applied_at,
-            confirmed=bool(value[9]),
-        )
+        state = state_of_row(value, self._applied_at)
         self._cache[loc] = state  # in place: the recency order is the reader's business
         return state
 
@@ -626,9 +640,9 @@ class ResourceStore:
         return (
             loc,
             kind.value,
-            _to_us(when),
+            to_us(when),
             seq,
-            _to_us(now),
+            to_us(now),
             sha256,
             length,
             outcome,
@@ -654,7 +668,7 @@ class ResourceStore:
         written before the collection was recorded (safe when a subscriber
         follows one collection only).
         """
-        return await self._run(self._held, collection, _to_us(before), unknown_too)
+        return await self._run(self._held, collection, to_us(before), unknown_too)
 
     async def apply_log(
         self, loc: str | None = None, limit: int | None = None
