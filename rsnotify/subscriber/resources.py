@@ -58,6 +58,7 @@ from typing import Any, TypeVar
 from ..errors import ResourceStoreError
 from ..model import ChangeType
 from ..sqlitedb import SQLiteWorker, StoreUnavailable
+from .storewrites import APPLY, CONFIRM, KEEP, record_many
 
 __all__ = [
     "APPLY",
@@ -106,11 +107,6 @@ CREATE TABLE IF NOT EXISTS apply_log (
 );
 CREATE INDEX IF NOT EXISTS apply_log_by_loc ON apply_log(loc, id);
 """
-
-# What a state write does (the second item of every queued row).
-KEEP = 0  # log the outcome only (skipped, refused, failed)
-APPLY = 1  # the change is now the state of its loc (moving forward only)
-CONFIRM = 2  # the Source's Change List lists the change a provisional state holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,52 +264,7 @@ class ResourceStore:
 
     def _record_many(self, batch: list[tuple[tuple[Any, ...], int]]) -> list[bool]:
         """Write a batch of rows in one transaction: one fsync for all of them."""
-        db = self._sql.db
-        results: list[bool] = []
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            for row, update_state in batch:
-                loc, change, when, seq, applied, sha256, length = row[:7]
-                confirmed, collection = row[9], row[10]
-                changed = False
-                if update_state == CONFIRM:
-                    cursor = db.execute(
-                        "UPDATE resources SET confirmed=1 WHERE loc=? AND change=? "
-                        "AND datetime_us=? AND confirmed=0",
-                        (loc, change, when),
-                    )
-                    changed = cursor.rowcount > 0
-                elif update_state:
-                    # The guard makes the store itself refuse to move a resource
-                    # backwards in time, whatever the caller checked before; a
-                    # provisional state (nobody vouched for its datetime) gives way.
-                    cursor = db.execute(
-                        "INSERT INTO resources(loc, change, datetime_us, seq, sha256, length, "
-                        "applied_us, confirmed, collection) VALUES (?,?,?,?,?,?,?,?,?) "
-                        "ON CONFLICT(loc) DO UPDATE SET change=excluded.change, "
-                        "datetime_us=excluded.datetime_us, seq=excluded.seq, "
-                        "sha256=excluded.sha256, length=excluded.length, "
-                        "applied_us=excluded.applied_us, confirmed=excluded.confirmed, "
-                        "collection=COALESCE(excluded.collection, resources.collection) "
-                        "WHERE excluded.datetime_us >= resources.datetime_us "
-                        "OR resources.confirmed = 0",
-                        (loc, change, when, seq, sha256, length, applied, confirmed, collection),
-                    )
-                    changed = cursor.rowcount > 0
-                results.append(changed)
-            db.executemany(
-                "INSERT INTO apply_log(loc, change, datetime_us, seq, applied_us, sha256, "
-                "length, outcome, detail, confirmed) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                [row[:10] for row, _ in batch],
-            )
-            db.execute("COMMIT")
-        except BaseException:
-            # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR): a
-            # second ROLLBACK would raise and hide the real error ("disk is full").
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        return results
+        return record_many(self._sql.db, batch)
 
     async def _record(self, row: tuple[Any, ...], update_state: int) -> bool:
         """Queue a row for the next group commit and wait until it is durable.
