@@ -22,7 +22,8 @@ moved their state, which callers get (and the store's cache follows): so
 they are worked out beforehand from the states read at the start of the
 transaction, by the same rule (:func:`_moves`), and the statement's count
 of changed rows must agree, or the transaction is rolled back
-(:class:`StateMismatch`) -- never a cache that disagrees with the file.
+(a :class:`sqlite3.DatabaseError`, which the store reports as its own
+error) -- never a cache that disagrees with the file.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any
 
-__all__ = ["APPLY", "CONFIRM", "KEEP", "ROWS_PER_STATEMENT", "StateMismatch", "record_many"]
+__all__ = ["APPLY", "CONFIRM", "KEEP", "ROWS_PER_STATEMENT", "record_many"]
 
 # Rows per multi-row statement, at most (and fewer where SQLite's limit on a
 # statement's parameters is lower: 999 before 3.32): a 10,000-row batch takes
@@ -68,13 +69,10 @@ _LOG_HEAD = (
     "length, outcome, detail, confirmed) VALUES "
 )
 _READ_CHUNK = 500  # locs per SELECT ... IN (...)
+_MISMATCH = "the states moved are not the ones worked out before (rolled back)"
 
 _upsert_values = itemgetter(0, 1, 2, 3, 5, 6, 4, 9, 10)  # a row, in _UPSERT_HEAD's order
 _log_values = itemgetter(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)  # a row, in _LOG_HEAD's order
-
-
-class StateMismatch(sqlite3.DatabaseError):
-    """The database moved other states than worked out beforehand (rolled back)."""
 
 
 def _moves(state: tuple[str, int, int] | None, row: tuple[Any, ...], update: int) -> bool:
@@ -145,7 +143,7 @@ def record_many(db: sqlite3.Connection, batch: list[tuple[tuple[Any, ...], int]]
                 expected = _flush(db, pending, expected)
                 cursor = db.execute(_CONFIRM_SQL, (loc, row[1], row[2]))
                 if cursor.rowcount != moved:
-                    raise StateMismatch(f"confirming {loc}: {cursor.rowcount} row(s) changed")
+                    raise sqlite3.DatabaseError(f"{_MISMATCH}: confirming {loc}")
         _flush(db, pending, expected)
         _insert(db, _LOG_HEAD, 10, [_log_values(row) for row, _ in batch])
         db.execute("COMMIT")
@@ -163,6 +161,6 @@ def _flush(db: sqlite3.Connection, pending: list[tuple[Any, ...]], expected: int
     if pending:
         changed = _insert(db, _UPSERT_HEAD, 9, pending, _UPSERT_TAIL)
         if changed != expected:
-            raise StateMismatch(f"{changed} state(s) moved, {expected} expected")
+            raise sqlite3.DatabaseError(f"{_MISMATCH}: {changed} moved, {expected} expected")
         pending.clear()
     return 0
