@@ -47,16 +47,16 @@ stamped after the cursor passes the change) is in the JSON.
 
 The simulator runs in a child process of this bench with a **5 ms flush
 interval** for its ``--dir`` copy (written on the leading edge of a change, at
-most that often; the CLI's default of 500 ms would hold a burst's later
-changes up to 500 ms and measure the simulator, not rsnotify), and without rebuilding its Resource List while it
-changes (5,000 entries stall its event loop ~45 ms, once a second by
-default).  What remains of the Source's delay is part of the *detect* stage
-reported beside the latency (change datetime -> publisher detected it, from
-the envelopes in the Redis log); *deliver+apply* is detected -> applied.  The
-Source is paused while each subscriber takes its baseline and resumed once it
-is live (degraded: once it polls), so the window measures the steady state.
-Only changes inside a measured window (after a warm-up) count; the Source's
-own Change Lists are the ground truth.
+most that often; the CLI's default of 500 ms would hold a burst's later changes
+up to 500 ms and measure the simulator, not rsnotify), and without rebuilding
+its Resource List while it changes (5,000 entries stall its event loop ~45 ms,
+once a second by default).  What remains of the Source's delay is part of the
+*detect* stage reported beside the latency (change datetime -> publisher
+detected it, from the envelopes in the Redis log); *deliver+apply* is detected
+-> applied.  The Source is paused while each subscriber takes its baseline and
+resumed once it is live (degraded: once it polls), so the window measures the
+steady state. Only changes inside a measured window (after a warm-up) count;
+the Source's own Change Lists are the ground truth.
 
 **Catch-up.**  A paused simulator (``--changelist-size 1000``); ``subscribe
 --once`` takes the baseline; ``POST /_simulator/advance?n=50000`` makes 50,000

@@ -32,14 +32,20 @@ from tests.minisource import Source
 
 @contextlib.asynccontextmanager
 async def running_engine(
-    source: Source, tmp: Path, *, timeout: float = 5.0, **engine_options: Any
+    source: Source,
+    tmp: Path,
+    *,
+    timeout: float = 5.0,
+    metadata_only: bool = False,
+    **engine_options: Any,
 ) -> AsyncIterator[tuple[CollectionSync, asyncio.Task[None]]]:
     """An engine mirroring ``source`` into ``tmp / "mirror"``: baselined, then running.
 
     Yields the engine and the task of its :meth:`~CollectionSync.run`;
     ``engine_options`` go to :class:`CollectionSync` (``keys``,
     ``doubt_interval``, ``max_in_flight`` ...), ``timeout`` to the applier's
-    fetches.  Everything but the Source is closed on exit.
+    fetches, ``metadata_only`` to the applier.  Everything but the Source is
+    closed on exit.
     """
     fetcher = Fetcher()
     resources = ResourceStore(tmp / "resources.sqlite3")
@@ -57,6 +63,7 @@ async def running_engine(
             backoff_initial=0.01,
             backoff_max=0.02,
             timeout=timeout,
+            metadata_only=metadata_only,
         )
         watcher = CollectionWatcher(
             access=HttpAccess(fetcher),

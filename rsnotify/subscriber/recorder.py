@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any  # the changes submitted: any object read_change reads, handed to hooks
 
-from .resources import APPLY, CONFIRM, KEEP, ResourceState, ResourceStore
+from .resources import APPLY, CONFIRM, KEEP, ResourceState, ResourceStore, state_of_row, to_us
 from .rules import ChangeView, Failure, Outcome, already_applied
 
 # Metadata-only changes recorded per transaction, at most: a batch takes what is
@@ -42,6 +42,10 @@ RECORD_BATCH = 10_000
 # whether that future holds one Outcome (submit) or a list of them (submit_many).
 _Queued = tuple[list[ChangeView], list[Any], "asyncio.Future[Any]", bool]
 
+# What the recorder knows of a loc's state: one read from the store (None: none),
+# or the row (ResourceStore.row) of the change that became it.
+_State = ResourceState | tuple[Any, ...] | None
+
 
 @dataclass(slots=True, eq=False)
 class _Writing:
@@ -50,8 +54,9 @@ class _Writing:
     batch: list[_Queued]
     views: list[ChangeView]
     changes: list[Any]
-    vetted: list[tuple[Path | None, Failure | None]]
-    plan: list[tuple[Outcome, Failure | None]]
+    paths: list[Path | None]  # where each change's resource lives (None: refused)
+    outcomes: list[Outcome]
+    refusals: dict[int, Failure]  # by index into views
     rows: list[tuple[tuple[Any, ...], int]]
     task: asyncio.Future[list[bool]] | None = None
 
@@ -131,7 +136,7 @@ class BatchRecorder:
         failed fails with it (a local failure: the engine restarts from its
         cursor).
         """
-        states: dict[str, ResourceState | None] = {}  # what the batches decided leave behind
+        states: dict[str, _State] = {}  # what the batches decided leave behind
         writing: _Writing | None = None
         prepared: _Writing | None = None
         try:
@@ -142,12 +147,12 @@ class BatchRecorder:
                     views = [v for group, _, _, _ in batch for v in group]
                     changes = [c for _, group, _, _ in batch for c in group]
                     try:
-                        rows, vetted, plan = await self._decide(views, states)
+                        rows, paths, outcomes, refusals = await self._decide(views, states)
                     except Exception as exc:  # the store cannot be read
                         _fail(batch, exc)
                         states.clear()
                     else:
-                        prepared = _Writing(batch, views, changes, vetted, plan, rows)
+                        prepared = _Writing(batch, views, changes, paths, outcomes, refusals, rows)
                 if writing is not None:
                     done, writing = writing, None
                     assert done.task is not None
@@ -176,40 +181,73 @@ class BatchRecorder:
             raise
 
     async def _decide(
-        self, views: list[ChangeView], states: dict[str, ResourceState | None]
-    ) -> tuple[list[tuple[tuple[Any, ...], int]], list[tuple[Path | None, Failure | None]],
-               list[tuple[Outcome, Failure | None]]]:  # fmt: skip
-        """The rows and outcomes of one batch, given (and updating) ``states``."""
+        self, views: list[ChangeView], states: dict[str, _State]
+    ) -> tuple[list[tuple[tuple[Any, ...], int]], list[Path | None], list[Outcome],
+               dict[int, Failure]]:  # fmt: skip
+        """The rows, paths, outcomes and refusals (by index) of one batch.
+
+        ``states`` (updated): what the batches decided so far leave behind,
+        per loc: a state read from the store, or the row of the change that
+        became it (made a :class:`ResourceState` only if a decision needs one,
+        as the store's cache does).
+
+        The usual change of a catch-up takes a short way: a change of a loc
+        with no state, or whose state is a row dated before it, is recorded
+        and its row becomes the state.  That is what the rules below answer
+        for it, whatever the state's trust: not a confirmation (that needs
+        the same datetime), not already applied (a provisional state counts
+        only the very same change, a trusted one only a change at or before
+        its time), and the store's guard lets a later change through.  By
+        one comparison of the store's microseconds instead of a state, three
+        calls and a row built by :meth:`ResourceStore.row` (the same tuple:
+        test_recorder holds the short way to the general one).
+        """
         store = self.resources
-        vetted = [self._vet(view) for view in views]
-        missing = [
-            view.loc
-            for view, (_, refusal) in zip(views, vetted, strict=True)
-            if refusal is None and view.loc not in states
-        ]
+        missing = [view.loc for view in views if view.loc not in states]
         if missing:
             states.update(await store.get_many(missing))
         # One stamp: the batch is committed in one transaction; and one clock for
         # its skew checks, as read_many reads its batch (per change, the clock
         # read was a tenth of deciding).
         now = datetime.now(UTC)
-        max_skew, confirms = self.max_skew, self._confirms
+        now_us = to_us(now)
+        max_skew, confirms, vet = self.max_skew, self._confirms, self._vet
+        recorded = Outcome.RECORDED
         rows: list[tuple[tuple[Any, ...], int]] = []
-        plan: list[tuple[Outcome, Failure | None]] = []
-        for view, (_, refusal) in zip(views, vetted, strict=True):
-            state = states.get(view.loc)
+        paths: list[Path | None] = []
+        outcomes: list[Outcome] = []
+        refusals: dict[int, Failure] = {}
+        for view in views:
+            path, refusal = vet(view)
+            paths.append(path)
+            loc = view.loc
+            known = states.get(loc)
+            when_us = to_us(view.datetime)
+            if refusal is None and (known is None or (type(known) is tuple and when_us > known[2])):
+                row: tuple[Any, ...] = (
+                    loc, view.change.value, when_us, view.seq, now_us, view.hashes.get("sha-256"),
+                    view.length, recorded, None, 1 if view.confirmed else 0, view.collection,
+                )  # fmt: skip
+                rows.append((row, APPLY))
+                outcomes.append(recorded)
+                states[loc] = row
+                continue
+            state = state_of_row(known) if isinstance(known, tuple) else known
+            if state is not known:
+                states[loc] = state
             if refusal is not None:
                 outcome, update = refusal.outcome, KEEP
-            elif state is None:  # nothing to confirm, nothing applied: as below, by the short way
-                outcome, update = Outcome.RECORDED, APPLY
+                refusals[len(outcomes)] = refusal
+            elif state is None:
+                outcome, update = recorded, APPLY
             elif confirms(state, view):
                 outcome, update = Outcome.CONFIRMED, CONFIRM
             elif already_applied(state, view, max_skew, now=now):
                 outcome, update = Outcome.SKIPPED_ALREADY_APPLIED, KEEP
             else:
-                outcome, update = Outcome.RECORDED, APPLY
+                outcome, update = recorded, APPLY
             row = store.row(
-                view.loc,
+                loc,
                 view.change,
                 view.datetime,
                 outcome=outcome,
@@ -222,34 +260,38 @@ class BatchRecorder:
                 collection=view.collection,  # a re-baseline of it must find the row (held)
             )
             rows.append((row, update))
-            plan.append((outcome, refusal))
+            outcomes.append(outcome)
             if update == CONFIRM and state is not None:
-                states[view.loc] = replace(state, confirmed=True)
+                states[loc] = replace(state, confirmed=True)
             elif update == APPLY and (
                 # The store's own guard (ResourceStore._record_many), exactly: a
                 # later batch decides on what this one really leaves behind.
                 state is None or view.datetime >= state.datetime or not state.confirmed
             ):
-                states[view.loc] = ResourceState(
-                    view.loc, view.change, view.datetime, view.seq, None, None, view.datetime,
-                    view.confirmed,
-                )  # fmt: skip
-        return rows, vetted, plan
+                states[loc] = row
+        return rows, paths, outcomes, refusals
 
     async def _finish(self, done: _Writing) -> None:
         """A batch is durable: report refusals, run hooks, answer its futures."""
-        hooks = self._hooks_present()
-        for view, change, (path, _), (outcome, refusal) in zip(
-            done.views, done.changes, done.vetted, done.plan, strict=True
-        ):
-            if refusal is not None:
-                await self._reported(view, change, refusal)
-            elif outcome is Outcome.RECORDED and hooks:
-                assert path is not None
-                await self._hook(view, change, path)
+        views, changes, refusals = done.views, done.changes, done.refusals
+        if self._hooks_present():
+            recorded = Outcome.RECORDED
+            for i, (view, change, path, outcome) in enumerate(
+                zip(views, changes, done.paths, done.outcomes, strict=True)
+            ):
+                refusal = refusals.get(i)
+                if refusal is not None:
+                    await self._reported(view, change, refusal)
+                elif outcome is recorded:
+                    assert path is not None
+                    await self._hook(view, change, path)
+        else:  # nothing to call per change but the refusals' reports (in order: by index)
+            for i, refusal in refusals.items():
+                await self._reported(views[i], changes[i], refusal)
         start = 0
-        for views, _, future, single in done.batch:
-            mine = [outcome for outcome, _ in done.plan[start : start + len(views)]]
-            start += len(views)
+        outcomes = done.outcomes
+        for group, _, future, single in done.batch:
+            end = start + len(group)
             if not future.done():
-                future.set_result(mine[0] if single else mine)
+                future.set_result(outcomes[start] if single else outcomes[start:end])
+            start = end

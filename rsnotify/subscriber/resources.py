@@ -58,6 +58,7 @@ from typing import Any, TypeVar
 from ..errors import ResourceStoreError
 from ..model import ChangeType
 from ..sqlitedb import SQLiteWorker, StoreUnavailable
+from .storewrites import APPLY, CONFIRM, KEEP, record_many
 
 __all__ = [
     "APPLY",
@@ -67,6 +68,8 @@ __all__ = [
     "ResourceState",
     "ResourceStore",
     "ResourceStoreError",
+    "state_of_row",
+    "to_us",
 ]
 
 T = TypeVar("T")
@@ -104,11 +107,6 @@ CREATE TABLE IF NOT EXISTS apply_log (
 );
 CREATE INDEX IF NOT EXISTS apply_log_by_loc ON apply_log(loc, id);
 """
-
-# What a state write does (the second item of every queued row).
-KEEP = 0  # log the outcome only (skipped, refused, failed)
-APPLY = 1  # the change is now the state of its loc (moving forward only)
-CONFIRM = 2  # the Source's Change List lists the change a provisional state holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +149,8 @@ class ApplyRecord:
 _CHANGE_TYPES = {kind.value: kind for kind in ChangeType}  # a row's change, without Enum's call
 
 
-def _to_us(value: datetime) -> int:
+def to_us(value: datetime) -> int:
+    """``value`` (aware) as integer microseconds since the epoch: how the store keeps times."""
     if value.tzinfo is None:
         raise ValueError("naive datetime: rsnotify times are aware (UTC)")
     return (value - _EPOCH) // _MICROSECOND
@@ -177,6 +176,26 @@ def _state_of(row: tuple[Any, ...]) -> ResourceState:
         length=length,
         applied_at=_from_us(applied),
         confirmed=bool(confirmed),
+    )
+
+
+def state_of_row(row: tuple[Any, ...], applied_at: datetime | None = None) -> ResourceState:
+    """The state a row made by :meth:`ResourceStore.row` leaves when it moves the state.
+
+    ``applied_at``: its stamp (``row[4]``) already converted, by a caller that
+    converts many rows of one batch.  For the store's cache and the batch
+    recorder, which keep rows and build a state only when one is read.
+    """
+    loc, change, when, seq, applied, sha256, length = row[:7]
+    return ResourceState(
+        loc=loc,
+        change=_CHANGE_TYPES[change],
+        datetime=_from_us(when),
+        seq=seq,
+        sha256=sha256,
+        length=length,
+        applied_at=_from_us(applied) if applied_at is None else applied_at,
+        confirmed=bool(row[9]),
     )
 
 
@@ -245,52 +264,7 @@ class ResourceStore:
 
     def _record_many(self, batch: list[tuple[tuple[Any, ...], int]]) -> list[bool]:
         """Write a batch of rows in one transaction: one fsync for all of them."""
-        db = self._sql.db
-        results: list[bool] = []
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            for row, update_state in batch:
-                loc, change, when, seq, applied, sha256, length = row[:7]
-                confirmed, collection = row[9], row[10]
-                changed = False
-                if update_state == CONFIRM:
-                    cursor = db.execute(
-                        "UPDATE resources SET confirmed=1 WHERE loc=? AND change=? "
-                        "AND datetime_us=? AND confirmed=0",
-                        (loc, change, when),
-                    )
-                    changed = cursor.rowcount > 0
-                elif update_state:
-                    # The guard makes the store itself refuse to move a resource
-                    # backwards in time, whatever the caller checked before; a
-                    # provisional state (nobody vouched for its datetime) gives way.
-                    cursor = db.execute(
-                        "INSERT INTO resources(loc, change, datetime_us, seq, sha256, length, "
-                        "applied_us, confirmed, collection) VALUES (?,?,?,?,?,?,?,?,?) "
-                        "ON CONFLICT(loc) DO UPDATE SET change=excluded.change, "
-                        "datetime_us=excluded.datetime_us, seq=excluded.seq, "
-                        "sha256=excluded.sha256, length=excluded.length, "
-                        "applied_us=excluded.applied_us, confirmed=excluded.confirmed, "
-                        "collection=COALESCE(excluded.collection, resources.collection) "
-                        "WHERE excluded.datetime_us >= resources.datetime_us "
-                        "OR resources.confirmed = 0",
-                        (loc, change, when, seq, sha256, length, applied, confirmed, collection),
-                    )
-                    changed = cursor.rowcount > 0
-                results.append(changed)
-            db.executemany(
-                "INSERT INTO apply_log(loc, change, datetime_us, seq, applied_us, sha256, "
-                "length, outcome, detail, confirmed) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                [row[:10] for row, _ in batch],
-            )
-            db.execute("COMMIT")
-        except BaseException:
-            # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR): a
-            # second ROLLBACK would raise and hide the real error ("disk is full").
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        return results
+        return record_many(self._sql.db, batch)
 
     async def _record(self, row: tuple[Any, ...], update_state: int) -> bool:
         """Queue a row for the next group commit and wait until it is durable.
@@ -358,19 +332,10 @@ class ResourceStore:
         value = self._cache[loc]
         if not isinstance(value, tuple):
             return value
-        loc, change, when, seq, applied, sha256, length = value[:7]
+        applied = value[4]
         if applied != self._applied_us:  # a batch's rows share one stamp: converted once
             self._applied_us, self._applied_at = applied, _from_us(applied)
-        state = ResourceState(
-            loc=loc,
-            change=_CHANGE_TYPES[change],
-            datetime=_from_us(when),
-            seq=seq,
-            sha256=sha256,
-            length=length,
-            applied_at=self._applied_at,
-            confirmed=bool(value[9]),
-        )
+        state = state_of_row(value, self._applied_at)
         self._cache[loc] = state  # in place: the recency order is the reader's business
         return state
 
@@ -626,9 +591,9 @@ class ResourceStore:
         return (
             loc,
             kind.value,
-            _to_us(when),
+            to_us(when),
             seq,
-            _to_us(now),
+            to_us(now),
             sha256,
             length,
             outcome,
@@ -654,7 +619,7 @@ class ResourceStore:
         written before the collection was recorded (safe when a subscriber
         follows one collection only).
         """
-        return await self._run(self._held, collection, _to_us(before), unknown_too)
+        return await self._run(self._held, collection, to_us(before), unknown_too)
 
     async def apply_log(
         self, loc: str | None = None, limit: int | None = None

@@ -251,6 +251,10 @@ class CollectionSync:
         self.applied = Checkpoint()
         self._submitted = Checkpoint()
         self._durable = Checkpoint()  # the saved cursor's (a restart goes on from it)
+        # Recorded-only changes of a walk not handed to the applier yet, and the
+        # position after the last of them (see _hold).
+        self._held: tuple[list[ChangeView], list[Entry]] = ([], [])
+        self._held_at: Checkpoint | None = None
         self.baseline_done = False
         self.idle = asyncio.Event()
         self.failure: Exception | None = None
@@ -353,6 +357,7 @@ class CollectionSync:
         (:func:`same_position`); without it the engine works it out.
         ``view``: the entry already read (:meth:`Applier.read_many`).
         """
+        self._release_held()  # in pipeline order
         if checkpoint is None and not self._submitted.is_new(entry):
             self.stats.skipped += 1
             self._pass_over(None)
@@ -381,6 +386,7 @@ class CollectionSync:
         so one item does what two did (a catch-up that supersedes 48,000
         of 50,000 changes queued an item for each).
         """
+        self._release_held()  # in pipeline order
         pending = self._pending
         if pending:
             tail = pending[-1]
@@ -579,31 +585,38 @@ class CollectionSync:
                 # next is parsed; fetched ones wait for the whole pass, so that
                 # every change a later one supersedes is known before any fetch.
                 lists = 1 if self.applier.metadata_only else None
-                for _ in range(passes):
-                    found_any, more = False, True
-                    while more:
-                        # Before the poll: the watcher's position when it starts reading.
-                        aligned = same_position(self.watcher.checkpoint, self._submitted)
-                        result = await self.watcher.poll(lists=lists)
-                        more = result.more
-                        if result.count:
-                            found_any = True
-                            applied += await self._submit_pass(result.detections, aligned)
-                            self.watcher.commit(result.checkpoint)
-                        elif (
-                            result.checkpoint.snapshot is not None
-                            and result.checkpoint != self.watcher.checkpoint
-                        ):
-                            # Nothing to apply, a new position all the same (a Resource
-                            # List snapshot recorded): the cursor passes over it.
-                            self._submitted = result.checkpoint
-                            self._pass_over(result.checkpoint)
-                            self._wake.set()
-                            self.watcher.commit(result.checkpoint)
-                        if more:
-                            await asyncio.sleep(0)  # the recorder takes what was queued
-                    if not found_any:
-                        break
+                try:
+                    for _ in range(passes):
+                        found_any, more = False, True
+                        while more:
+                            # Before the poll: the watcher's position when it starts reading.
+                            aligned = same_position(self.watcher.checkpoint, self._submitted)
+                            result = await self.watcher.poll(lists=lists)
+                            more = result.more
+                            if result.count:
+                                found_any = True
+                                applied += await self._submit_pass(result.detections, aligned)
+                                self.watcher.commit(result.checkpoint)
+                            elif (
+                                result.checkpoint.snapshot is not None
+                                and result.checkpoint != self.watcher.checkpoint
+                            ):
+                                # Nothing to apply, a new position all the same (a Resource
+                                # List snapshot recorded): the cursor passes over it.
+                                self._submitted = result.checkpoint
+                                self._pass_over(result.checkpoint)
+                                self._wake.set()
+                                self.watcher.commit(result.checkpoint)
+                            if more:
+                                await asyncio.sleep(0)  # the recorder takes what was queued
+                        self._release_held()  # the pass is read: what is held goes now
+                        if not found_any:
+                            break
+                finally:
+                    # Whatever ended the walk, what it held enters the pipeline now:
+                    # before anything a retry or a new baseline queues, whose
+                    # positions its own must not follow (the cursor would go back).
+                    self._release_held()
                 if wait:
                     await self.drain()
                 return applied
@@ -689,13 +702,12 @@ class CollectionSync:
         if checkpoints is not None and self.applier.metadata_only:
             start = 0
             while start < len(entries):
-                end = min(start + RECORD_BATCH, len(entries))
+                end = min(start + RECORD_BATCH - len(self._held[0]), len(entries))
                 views = item.views[start:end]
                 if not all(map(self.applier.recordable, views)):
                     break  # the rest entry by entry (an unconfirmed deletion asks the Source)
-                future = self.applier.submit_many(views, entries[start:end])
                 self._submitted = checkpoints[end - 1]
-                self._pending.append(_Pending(future, None, self._submitted, many=True))
+                self._hold(views, entries[start:end], self._submitted)
                 applied += end - start
                 start = end
             first = start
@@ -713,6 +725,36 @@ class CollectionSync:
             applied += 0 if done else 1
         self._wake.set()
         return applied
+
+    def _hold(self, views: list[ChangeView], entries: list[Entry], after: Checkpoint) -> None:
+        """Keep recorded-only changes of a walk until :data:`RECORD_BATCH` of them are read.
+
+        Then (or at the end of the pass, or before anything else enters the
+        pipeline: :meth:`_release_held`) they go to the batch recorder as one
+        group, one transaction, with one pipeline item whose position is
+        ``after`` the last of them.  Handed over list by list (1,000 entries
+        in a simulator's list), the first transactions were of one list each:
+        each transaction rewrites every page its rows touch in the write-ahead
+        log, all over the apply log's (loc, id) index, and 50,000 rows in
+        transactions of 1,000 cost the store's thread 0.78 s of CPU, of
+        10,000 0.50 s.
+        """
+        held_views, held_entries = self._held
+        held_views += views
+        held_entries += entries
+        self._held_at = after
+        if len(held_views) >= RECORD_BATCH:
+            self._release_held()
+
+    def _release_held(self) -> None:
+        """Hand what :meth:`_hold` keeps to the batch recorder, in pipeline order."""
+        views, entries = self._held
+        if not views:
+            return
+        self._held = ([], [])
+        future = self.applier.submit_many(views, entries)
+        self._pending.append(_Pending(future, None, self._held_at, many=True))
+        self._wake.set()
 
     def _supersede(self, batch: list[_Found]) -> list[ChangeView]:
         """Mark the walk's created/updated changes that a later one of the walk supersedes.
