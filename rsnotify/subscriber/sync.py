@@ -99,6 +99,12 @@ CATCH_UP_ATTEMPTS = 5  # reads of the Change Lists before a catch-up gives up
 # so a restart re-reads at most this much and provisional states get confirmed.
 CONFIRM_AFTER_CHANGES = 1_000
 CONFIRM_AFTER_SECONDS = 30.0
+# A walk runs beside push (see CollectionSync.run) only while the engine keeps up
+# with its Source: fewer changes than this in the pipeline.  Behind it (bench.e2e
+# at 1,000/s on a loaded machine), a walk beside push found the changes push had
+# not reached yet, both submitted them, and the lag grew (p50 6.1-6.4 s -> 9.7-10.3
+# s, two alternating runs); inline, push waits and the walk's own changes go first.
+BESIDE_PUSH_IN_FLIGHT = 256
 
 
 @dataclass(slots=True)
@@ -1295,7 +1301,8 @@ class CollectionSync:
             self._report_mode(change)
             if self.failure is not None:
                 raise self.failure
-            if gap is not None and gap.walk and not self.trusted_push:
+            beside = len(self._pending) < BESIDE_PUSH_IN_FLIGHT
+            if gap is not None and gap.walk and not self.trusted_push and beside:
                 # A doubt, or push back after polling: unsigned notifications are
                 # applied as hints at once anyway (_on_unsigned), so this walk
                 # need not hold them either.
@@ -1308,7 +1315,10 @@ class CollectionSync:
                 await self._follow_done()
                 await self.poll()
             elif self._following is None and self._confirm_due(now):
-                self._following = asyncio.create_task(self.poll(confirm=True))
+                if beside:
+                    self._following = asyncio.create_task(self.poll(confirm=True))
+                else:  # behind its Source: the walk applies what push has not reached yet
+                    await self.poll(confirm=True)
 
     def _followed(self) -> None:
         """Take the outcome of a finished quiet walk: its failure is the engine's."""
