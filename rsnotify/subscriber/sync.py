@@ -1264,10 +1264,12 @@ class CollectionSync:
         At 200 changes/s that was one stall of ~0.1 s every 5 s, and the
         changes made during it were the p99 of change-to-applied
         (bench.e2e).  So does the walk of a doubt on an unsigned channel,
-        whose notifications are hints applied at once anyway.  Every other
-        walk (a gap on a trusted channel, whose notifications wait for it;
-        degraded mode's timer) waits for the one in progress first: one walk
-        at a time moves the watcher.
+        whose notifications are hints applied at once anyway.  Only while the
+        engine keeps up (:data:`BESIDE_PUSH_IN_FLIGHT`); behind its Source the
+        walk runs inline again.  Every other walk (a gap on a trusted
+        channel, whose notifications wait for it; degraded mode's timer)
+        waits for the one in progress first: one walk at a time moves the
+        watcher.
         """
         try:
             await self._consume()
