@@ -254,20 +254,17 @@ class CollectionWatcher:
         state.etag, state.last_modified = fetched.etag, fetched.last_modified
         if fetched.range_start is not None and state.tail is not None:
             piece = fragment(state.tail, fetched.body, fetched.range_start)
+            if piece is None:
+                log.info(
+                    "%s: %s changed before the known end; reading it whole", self.collection, url
+                )
+                fetched = await self.access.read(url)
+                result.bytes_read += len(fetched.body)
+                state.etag, state.last_modified = fetched.etag, fetched.last_modified
+                piece = regrown(state.tail, fetched.body)  # closed: only its header changed
             if piece is not None:
                 document, tail = piece
                 entries = await self._parsed(document, url)  # parse before moving on
-                state.tail = tail
-                return iter(entries)
-            log.info("%s: %s changed before the known end; reading it whole", self.collection, url)
-            known = state.tail
-            fetched = await self.access.read(url)
-            result.bytes_read += len(fetched.body)
-            state.etag, state.last_modified = fetched.etag, fetched.last_modified
-            piece = regrown(known, fetched.body)  # closed: only its header changed
-            if piece is not None:
-                document, tail = piece
-                entries = await self._parsed(document, url)
                 state.tail = tail
                 return iter(entries)
         result.full_reads += 1
