@@ -21,10 +21,13 @@ archive``: one writer task and one frame per client) -- in one run:
     last one; also per second of gateway CPU (the gateway's own ceiling on
     one core, whatever the clients and other work on a shared machine take).
 
-The clients (:mod:`bench.wsclients`) are plain sockets in one ``epoll``
-loop per process that read ``seq``, ``prev`` and the send time from fixed
-places in each frame, so that 200,000 frames/s on the client side cost less
-than the gateway.  Latency is measured to the frame's *arrival*: the kernel's
+The clients are plain sockets in one ``epoll`` loop per process that read
+``seq``, ``prev`` and the send time from fixed places in each frame:
+``bench/wsclients.c``, compiled at run time (:mod:`bench.wsclients_c`), or,
+without a C compiler or with ``--client-impl python``, the same client in
+Python (:mod:`bench.wsclients`), which at 200,000 frames/s takes most of a
+core beside the gateway it measures.  Which one ran is in the table and the
+JSON (``client_impl``).  Latency is measured to the frame's *arrival*: the kernel's
 receive timestamp of the read (``SO_TIMESTAMPNS``), so the time a client
 process waits for a CPU before reading -- a cost of this machine hosting the
 clients, not of the gateway -- is not counted; the time to the read is
@@ -61,6 +64,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import wsclients_c
 from bench._common import REPO_ROOT, format_table, machine_info, source_digest, write_json
 from bench.wsclients import percentiles
 
@@ -237,7 +241,7 @@ async def run_variant(variant: str, tree: Path, redis_url: str, opts: argparse.N
         per = opts.clients // opts.processes
         for _ in range(opts.processes):
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.wsclients", str(ready["port"]),
+                *opts.client_command, str(ready["port"]),
                 collection, str(per), "--nice", str(opts.client_nice),
                 "--poll-ms", str(opts.client_poll_ms),
                 *(["--cpus", opts.client_cpus] if opts.client_cpus else []),
@@ -301,6 +305,7 @@ async def run_variant(variant: str, tree: Path, redis_url: str, opts: argparse.N
         stats = json.loads(await asyncio.wait_for(gateway.stdout.readline(), 60))
         live["gateway_gc"] = _gc_during(stats.pop("gc"), live_from, live_to)
         return {"variant": variant, "module": ready["module"], "clients": connected,
+                "client_impl": opts.client_ran,
                 "open_s": max(o["seconds"] for o in opened), "live": live, "burst": burst,
                 "gateway": stats, "loadavg_after": list(os.getloadavg())}  # fmt: skip
     finally:
@@ -458,6 +463,13 @@ def main(argv: list[str] | None = None) -> int:
         help="clients look at their sockets every N ms (0: sleep in epoll_wait)",
     )
     ap.add_argument("--client-cpus", help="pin the client processes to these CPUs, e.g. 1")
+    ap.add_argument(
+        "--client-impl",
+        choices=wsclients_c.IMPLEMENTATIONS,
+        default="auto",
+        help="the clients: bench/wsclients.c compiled now, or bench/wsclients.py "
+        "(auto: C when it builds)",
+    )
     ap.add_argument("--baseline-rev", default=BASELINE_REV)
     ap.add_argument("--variants", default="baseline,current")
     opts = ap.parse_args(argv)
@@ -465,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
                               ("burst", 1_000, 500)):  # fmt: skip
         if getattr(opts, name) is None:
             setattr(opts, name, quick if opts.quick else full)
+    opts.client_ran, opts.client_command = wsclients_c.command(opts.client_impl)
+    print(f"clients: {opts.client_ran} ({' '.join(opts.client_command)})", flush=True)
     machine = machine_info()
     with tempfile.TemporaryDirectory(prefix="rsnotify-bench-fanout-") as tmp:
         results = asyncio.run(_main_async(opts, Path(tmp)))
@@ -472,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         live, burst = r["live"], r["burst"]
         rows.append([
-            r["variant"], r["clients"], live["sent"], live["latency_ms"]["p50"],
+            r["variant"], r["client_impl"], r["clients"], live["sent"], live["latency_ms"]["p50"],
             live["latency_ms"]["p99"], live["latency_ms"]["max"], live["to_gateway_ms"]["p99"],
             live["fan_out_ms"]["p99"], live["read_ms"]["p99"],
             live["expected"] - live["notifications"], live["skipped"], live["breaks"],
@@ -488,8 +502,8 @@ def main(argv: list[str] | None = None) -> int:
         ])  # fmt: skip
     print()
     print(format_table(
-        ["variant", "clients", "sent", "p50 ms", "p99 ms", "max ms", "log p99", "fan-out p99",
-         "read p99",
+        ["variant", "client", "clients", "sent", "p50 ms", "p99 ms", "max ms", "log p99",
+         "fan-out p99", "read p99",
          "lost", "skipped", "breaks", "gw CPU %", "clients CPU %", "RSS MB", "peak MB",
          "ceiling frames/s",
          "frames/CPU-s",
@@ -506,7 +520,8 @@ def main(argv: list[str] | None = None) -> int:
         {"bench": "ws_fanout", "targets": TARGETS, "options": vars(opts), "results": results,
          "pass": passed, "machine": machine, "machine_after": machine_info(),
          "source": source_digest("rsnotify/transport/ws.py", "rsnotify/transport/wsfeed.py",
-                                 "rsnotify/transport/tail.py", "bench/ws_fanout.py")},
+                                 "rsnotify/transport/tail.py", "bench/ws_fanout.py",
+                                 "bench/wsclients.py", "bench/wsclients.c")},
     )  # fmt: skip
     print(f"\nwrote {path}")
     return 0
