@@ -280,6 +280,9 @@ async def run_variant(variant: str, tree: Path, redis_url: str, opts: argparse.N
         sys_start = gw.cpu_times().system
         clients = [psutil.Process(c.proc.pid) for c in children]
         clients_start = sum(sum(p.cpu_times()[:2]) for p in clients)
+        # Each time a client process sleeps, a gateway send wakes it (on loopback in
+        # the gateway's own system time): how often is part of what the harness costs.
+        sleeps_start = sum(p.num_ctx_switches().voluntary for p in clients)
         sampler = asyncio.create_task(_sample_rss(gw, rss))
         stalled, load_before = _cpu_stalled(), os.getloadavg()[0]
         live_from = time.time()
@@ -289,6 +292,7 @@ async def run_variant(variant: str, tree: Path, redis_url: str, opts: argparse.N
         sys_live = gw.cpu_times().system - sys_start
         stalled = _cpu_stalled() - stalled
         cpu_clients = sum(sum(p.cpu_times()[:2]) for p in clients) - clients_start
+        sleeps = sum(p.num_ctx_switches().voluntary for p in clients) - sleeps_start
         live = await _until_done(children, await log.head(collection), connected, 30.0)
         sampler.cancel()
         live.update(sent=sent, expected=sent * connected, rss_mb_start=rss_start,
@@ -297,7 +301,8 @@ async def run_variant(variant: str, tree: Path, redis_url: str, opts: argparse.N
                     gateway_sys_pct=100 * sys_live / opts.seconds,
                     loadavg_1m_before=load_before, loadavg_1m_after=os.getloadavg()[0],
                     cpu_pressure_pct=100 * stalled / opts.seconds if stalled >= 0 else None,
-                    clients_cpu_pct=100 * cpu_clients / opts.seconds)  # fmt: skip
+                    clients_cpu_pct=100 * cpu_clients / opts.seconds,
+                    clients_wakeups_per_s=sleeps / opts.seconds)  # fmt: skip
         print(f"  {variant}: live p99 {live['latency_ms']['p99']} ms", flush=True)
 
         gateway.stdin.write(b"quit\n")
