@@ -9,8 +9,9 @@ stdin, same JSON replies, same checks) in C, for a fraction of that.
 
 It is compiled here, at run time, with the machine's C compiler (``$CC``,
 else ``cc``, else ``gcc``; ``-O2``, libc only) into a directory of the
-temporary directory named after the source's SHA-256, so a changed source
-is rebuilt and an unchanged one is not.  ``auto`` falls back to the Python
+temporary directory named after the SHA-256 of the source and the compiler
+command, so a changed source (or ``$CC``) is rebuilt and an unchanged one is
+not.  ``auto`` falls back to the Python
 client, with a one-line note, when there is no compiler or the build fails;
 ``c`` insists.
 """
@@ -48,7 +49,7 @@ def build() -> Path:
     cc = compiler()
     if cc is None:
         raise Unavailable("no C compiler ($CC, cc or gcc)")
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE.read_bytes() + cc.encode()).hexdigest()[:16]
     # Per user: a directory another user made in /tmp could hold any binary.
     directory = Path(tempfile.gettempdir()) / f"rsnotify-wsclients-{os.getuid()}-{digest}"
     binary = directory / "wsclients"
