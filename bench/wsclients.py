@@ -4,9 +4,12 @@
 (started by :mod:`bench.ws_fanout`).  Each client is a plain non-blocking
 TCP socket speaking just enough RFC 6455: the opening handshake (section 4.1),
 then frame headers (a server's frames are never masked, section 5.1).  One
-``epoll`` loop serves them all -- no asyncio, no per-read callback objects --
-so that 200,000 frames/s cost the client side less than the gateway it
-measures.  Every notification frame is still checked: ``seq`` and ``prev``
+``epoll`` loop serves them all -- no asyncio, no per-read callback objects.
+Even so 200,000 frames/s cost it about a core (4.3 us a frame), beside the
+gateway it measures: ``bench/wsclients.c`` is the same client in C (same
+commands, counts and checks, half that CPU), which :mod:`bench.ws_fanout`
+runs when it can build it (:mod:`bench.wsclients_c`); this one is the
+fallback and the reference.  Every notification frame is still checked: ``seq`` and ``prev``
 (continuity: a ``prev`` that is not the last seq is a *break*) are read from
 fixed places in the frame, and so is the send time the appender wrote into
 the ``loc`` (``?t=<ns>``).  Hello, skipped and heartbeat frames are parsed
