@@ -27,8 +27,8 @@ The clients are plain sockets in one ``epoll`` loop per process that read
 without a C compiler or with ``--client-impl python``, the same client in
 Python (:mod:`bench.wsclients`), which at 200,000 frames/s takes most of a
 core beside the gateway it measures.  Which one ran is in the table and the
-JSON (``client_impl``).  Latency is measured to the frame's *arrival*: the kernel's
-receive timestamp of the read (``SO_TIMESTAMPNS``), so the time a client
+JSON (``client_impl``).  Latency is measured to the frame's *arrival*: the
+kernel's receive timestamp of the read (``SO_TIMESTAMPNS``), so the time a client
 process waits for a CPU before reading -- a cost of this machine hosting the
 clients, not of the gateway -- is not counted; the time to the read is
 reported beside it (*read p99*).  One client per process also splits its
