@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rsnotify.model import ChangeType
 from rsnotify.subscriber.resources import APPLY, CONFIRM, KEEP, ResourceStore
 
@@ -52,6 +54,9 @@ async def test_a_preloaded_cache_answers_like_the_database(tmp_path: Path) -> No
             rows.append((_row(store, loc, rng.randrange(60), confirmed=n % 7 != 0), kind))
         for start in range(0, len(rows), 50):
             await store.record_rows(rows[start : start + 50])
+            # Read some back between batches: a later write or confirmation then
+            # meets a state built from its row in the cache, not the row itself.
+            await store.get_many([f"http://s/{i}" for i in range(0, 40, 3)])
         locs = [f"http://s/{i}" for i in range(45)]
         cached = await store.get_many(locs)
         assert {loc: _fields(cached[loc]) for loc in locs} == await _from_disk(path, locs)
@@ -145,5 +150,31 @@ async def test_states_written_by_a_batch_read_back_as_the_database_holds_them(
                 assert (await store.get(loc)).applied_at == (await fresh.get(loc)).applied_at  # type: ignore[union-attr]
         finally:
             await fresh.close()
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("read_first", [False, True])
+async def test_a_confirmation_reaches_the_cache_as_row_or_as_state(
+    tmp_path: Path, read_first: bool
+) -> None:
+    """A walk confirms a provisional state push wrote: read since (a state) or not (a row)."""
+    path = tmp_path / "r.sqlite"
+    store = ResourceStore(path)
+    try:
+        loc = "http://s/p"
+        await store.record_rows([(_row(store, loc, 12, confirmed=False), APPLY)])
+        if read_first:
+            state = await store.get(loc)
+            assert state is not None and not state.confirmed
+        confirm = store.row(loc, ChangeType.UPDATED, T0 + timedelta(seconds=12), outcome="x")
+        assert await store.record_rows([(confirm, CONFIRM)]) == [True]
+        assert _fields(await store.get(loc)) == (await _from_disk(path, [loc]))[loc]
+        assert (await store.get(loc)).confirmed  # type: ignore[union-attr]
+        # A confirmation of a change the loc has moved past changes nothing.
+        await store.record_rows([(_row(store, loc, 30, confirmed=False), APPLY)])
+        assert await store.record_rows([(confirm, CONFIRM)]) == [False]
+        state = await store.get(loc)
+        assert state is not None and not state.confirmed and state.length == 30
     finally:
         await store.close()

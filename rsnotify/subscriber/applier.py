@@ -99,6 +99,9 @@ log = logging.getLogger("rsnotify.subscribe")
 
 DEFAULT_MAX_RESOURCE_BYTES = 1 << 30
 VET_CACHE_SIZE = 50_000  # locs whose vetting is remembered (a few MB)
+# Entries a walk reads (read_many) or settles (settle_many) between two looks at
+# the loop: ~1-2 ms of CPU, so a notification never waits for a whole list.
+SETTLE_SLICE = 200
 
 
 class Applier:
@@ -272,8 +275,8 @@ class Applier:
         and a task, a state read and an apply-log row per such entry made every
         walk, and every restart, cost as much as applying them again.  An entry
         exactly equal to its resource's state (same change time and type) is
-        done; a provisional state it equals is confirmed here, in one
-        transaction for the batch.  So is every earlier entry of a resource
+        done; a provisional state it equals is confirmed here, a transaction
+        per :data:`SETTLE_SLICE` of them.  So is every earlier entry of a resource
         whose last entry in ``changes`` is done: the mirror already holds a
         newer change the Source lists (a resource changed twice between two
         walks cost a superseded row, a task, a state read and a skipped row
@@ -285,36 +288,49 @@ class Applier:
             return [False] * len(changes)
         if views is None:
             views = [read_change(change, max_skew=self.max_skew) for change in changes]
-        locs = [v.loc for v in views if v.loc not in self._queued]
-        states = await self.resources.get_many(locs) if locs else {}
         now = datetime.now(UTC)
         settled = [False] * len(views)
         done: dict[str, bool] = {}  # loc -> its last entry in the batch is done
         rows: list[tuple[tuple[Any, ...], int]] = []
-        for i in range(len(views) - 1, -1, -1):  # each resource's last entry decides
-            view = views[i]
-            known = done.get(view.loc)
-            if known is not None:
-                settled[i] = known
-                continue
-            state = states.get(view.loc)
-            if (
-                view.loc in self._queued
-                or state is None
-                or not same_change(state, view)
-                or beyond_skew(view.datetime, now, self.max_skew)
-            ):
-                done[view.loc] = False  # every entry of this loc is applied in order
-                continue
-            if not state.confirmed:
-                row = self.resources.row(
-                    view.loc, view.change, view.datetime, outcome=Outcome.CONFIRMED, seq=view.seq
-                )
-                rows.append((row, CONFIRM))
-            done[view.loc] = settled[i] = True
-        if rows:
-            rows.reverse()  # in the order of the list
-            await self.resources.record_rows(rows)
+        # Slices from the end, each read and decided with no await between, and
+        # the loop given back between them: a walk following push settles a
+        # thousand entries, and in one piece every notification waited for it.
+        for end in range(len(views), 0, -SETTLE_SLICE):
+            start = max(0, end - SETTLE_SLICE)
+            if end < len(views):
+                await asyncio.sleep(0)
+            locs = [
+                v.loc for v in views[start:end] if v.loc not in done and v.loc not in self._queued
+            ]
+            states = await self.resources.get_many(locs) if locs else {}
+            for i in range(end - 1, start - 1, -1):  # each resource's last entry decides
+                view = views[i]
+                known = done.get(view.loc)
+                if known is not None:
+                    settled[i] = known
+                    continue
+                state = states.get(view.loc)
+                if (
+                    view.loc in self._queued
+                    or state is None
+                    or not same_change(state, view)
+                    or beyond_skew(view.datetime, now, self.max_skew)
+                ):
+                    done[view.loc] = False  # every entry of this loc is applied in order
+                    continue
+                if not state.confirmed:
+                    row = self.resources.row(
+                        view.loc,
+                        view.change,
+                        view.datetime,
+                        outcome=Outcome.CONFIRMED,
+                        seq=view.seq,
+                    )
+                    rows.append((row, CONFIRM))
+                done[view.loc] = settled[i] = True
+        rows.reverse()  # in the order of the list
+        for start in range(0, len(rows), SETTLE_SLICE):  # the cache's upkeep, sliced too
+            await self.resources.record_rows(rows[start : start + SETTLE_SLICE])
         return settled
 
     async def supersede_many(self, changes: list[Any]) -> None:

@@ -316,11 +316,20 @@ class ResourceStore:
             # The database kept a newer state; the cached one (if any) is it.
             return
         if update_state == CONFIRM:
-            cached = self._cached(loc) if loc in self._cache else None
-            if cached is not None:
-                self._remember(loc, replace(cached, confirmed=True))
-            else:
+            cached = self._cache.get(loc)
+            if isinstance(cached, tuple) and cached[1:3] == row[1:3]:
+                # Still a row (a walk confirms what push wrote, mostly unread
+                # since): flagged as a row, no state built to be copied.
+                self._cache[loc] = (*cached[:9], 1, *cached[10:])  # in place: not a use
+            elif (
+                isinstance(cached, ResourceState)
+                and cached.change.value == row[1]
+                and to_us(cached.datetime) == row[2]
+            ):
+                self._cache[loc] = replace(cached, confirmed=True)
+            elif cached is None:
                 self._cache.pop(loc, None)  # unknown here: the next read asks the database
+            # else: the cache already holds a later write of this loc
             return
         # The row itself, made a state only if it is read (_cached): a catch-up
         # writes the state of each loc batch after batch and reads almost none

@@ -66,7 +66,7 @@ from ..tracker import Checkpoint, Detection, Known
 from ..w3cdt import format as format_datetime
 from . import changedump
 from . import events as ev
-from .applier import RECORD_BATCH, Applier, Outcome
+from .applier import RECORD_BATCH, SETTLE_SLICE, Applier, Outcome
 from .cursor import Cursor, Cursors
 from .gaps import Gap, GapDetector, Verdict
 from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL, PushHealth, Transition
@@ -94,6 +94,7 @@ MAX_IN_FLIGHT = 10_000
 _TICK = timedelta(microseconds=1)
 CATCH_UP_PASSES = 3  # reads of the Change Lists per catch-up (see _walk_change_lists)
 SAVE_INTERVAL = 1.0  # seconds between cursor writes while changes keep coming
+COMMIT_SLICE = 100  # pipeline items the cursor passes between two looks at the loop
 CATCH_UP_ATTEMPTS = 5  # reads of the Change Lists before a catch-up gives up
 # Push never moves the position (see .trust): a quiet walk follows it this often,
 # so a restart re-reads at most this much and provisional states get confirmed.
@@ -443,11 +444,19 @@ class CollectionSync:
             self._wake.clear()
             moved = False
             saved = time.monotonic()
+            passed = 0
             while self._pending:
                 if moved and time.monotonic() - saved >= SAVE_INTERVAL:
                     await self.save()
                     saved = time.monotonic()
                     moved = False
+                passed += 1
+                if passed % COMMIT_SLICE == 0:
+                    # Awaiting a future already done does not give the loop back:
+                    # when a slow change at the head lets the hundreds behind it
+                    # through at once, their counting and metrics were one step
+                    # of ~20 ms that every notification arriving meanwhile waited for.
+                    await asyncio.sleep(0)
                 item = self._pending[0]
                 if item.future is not None:
                     try:
@@ -664,7 +673,15 @@ class CollectionSync:
             # The watcher's positions hold only for the order it read in.
             checkpoints = found.checkpoints if aligned and in_order else None
             aligned = aligned and in_order
-            views = self.applier.read_many(entries, collection=self.collection, unordered=unordered)
+            views: list[ChangeView] = []
+            for start in range(0, len(entries), SETTLE_SLICE):  # a look at the loop between
+                if start:
+                    await asyncio.sleep(0)
+                views += self.applier.read_many(
+                    entries[start : start + SETTLE_SLICE],
+                    collection=self.collection,
+                    unordered=unordered,
+                )
             settled = await self.applier.settle_many(entries, views=views)
             batch.append(
                 _Found(found.changelist, unordered, entries, settled,
@@ -719,8 +736,22 @@ class CollectionSync:
             first = start
         else:
             first = 0
-        for i in range(first, len(entries)):
-            entry, done = entries[i], item.settled[i]
+        settled, i = item.settled, first
+        while i < len(entries):
+            if checkpoints is not None and settled[i]:
+                # A run of entries push applied (a walk following push is mostly
+                # that): the position passes them at once, as it would one by
+                # one (_pass_over merges them), without a position made for each.
+                end = i + 1
+                while end < len(entries) and settled[end]:
+                    end += 1
+                self._release_held()  # in pipeline order
+                self._submitted = checkpoints[end - 1]
+                self.stats.skipped += end - i
+                self._pass_over(self._submitted)
+                i = end
+                continue
+            entry, done = entries[i], settled[i]
             key = changedump.key_of(entry) if bodies else None
             self._submit(
                 entry, item.changelist, unordered=item.unordered, settled=done,
@@ -729,6 +760,7 @@ class CollectionSync:
                 view=item.views[i] if item.views else None,
             )  # fmt: skip
             applied += 0 if done else 1
+            i += 1
         self._wake.set()
         return applied
 
