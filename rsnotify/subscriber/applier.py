@@ -292,17 +292,18 @@ class Applier:
         settled = [False] * len(views)
         done: dict[str, bool] = {}  # loc -> its last entry in the batch is done
         rows: list[tuple[tuple[Any, ...], int]] = []
-        # Slices from the end, each read and decided with no await between, and
-        # the loop given back between them: a walk following push settles a
-        # thousand entries, and in one piece every notification waited for it.
+        locs = [v.loc for v in views if v.loc not in self._queued]
+        states = await self.resources.get_many(locs) if locs else {}
+        # Decided in slices from the end, the loop given back between them: a
+        # walk following push settles a thousand entries, and in one piece every
+        # notification waited for it.  A state read before a slice may be older
+        # than the store's by then, which costs nothing: an entry equal to a
+        # state the resource had was applied; anything else is submitted and
+        # decided by the applier on the state of the moment.
         for end in range(len(views), 0, -SETTLE_SLICE):
             start = max(0, end - SETTLE_SLICE)
             if end < len(views):
                 await asyncio.sleep(0)
-            locs = [
-                v.loc for v in views[start:end] if v.loc not in done and v.loc not in self._queued
-            ]
-            states = await self.resources.get_many(locs) if locs else {}
             for i in range(end - 1, start - 1, -1):  # each resource's last entry decides
                 view = views[i]
                 known = done.get(view.loc)
