@@ -1,13 +1,16 @@
 """The private parts of paho-mqtt that rsnotify relies on are still there.
 
-rsnotify uses paho's public API except in one place:
+rsnotify uses paho's public API except in two places:
 :func:`rsnotify.transport.mqttlink._cap_inflight` writes
 ``Client._max_inflight_messages`` at CONNACK to honour the broker's MQTT 5
 Receive Maximum, because paho's public setter refuses any change once
-connected.  The test suite also samples ``Client._out_messages`` (paho's
-queue of unacknowledged QoS 1 messages) to check the pusher never queues in
-memory.  pyproject.toml pins ``paho-mqtt<3`` for this; if a paho release
-renames either attribute, these tests fail before anything else does.
+connected; :func:`rsnotify.transport.mqttlink._lighten` swaps
+``Client._on_message_filtered`` (paho's table of per-filter callbacks) for a
+subclass whose lookup of an empty table makes no garbage cycle.  The test
+suite also samples ``Client._out_messages`` (paho's queue of unacknowledged
+QoS 1 messages) to check the pusher never queues in memory.  pyproject.toml
+pins ``paho-mqtt<3`` for this; if a paho release renames any of these
+attributes, these tests fail before anything else does.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from __future__ import annotations
 import inspect
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.matcher import MQTTMatcher
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from rsnotify.transport.mqttlink import _cap_inflight
+from rsnotify.transport.mqttlink import _cap_inflight, _lighten, _TopicFilters
 
 
 def new_client() -> mqtt.Client:
@@ -60,3 +64,31 @@ def test_pahos_queue_of_unacknowledged_messages_is_still_where_the_tests_look() 
     client.max_queued_messages_set(10)
     client.publish("t", b"x", qos=1)  # queued while not connected
     assert len(client._out_messages) == 1
+
+
+def test_paho_looks_every_message_up_in_the_table_rsnotify_swaps() -> None:
+    client = new_client()
+    assert type(client._on_message_filtered) is MQTTMatcher
+    source = inspect.getsource(mqtt.Client._handle_on_message)
+    assert "self._on_message_filtered.iter_match" in source
+    _lighten(client)
+    assert type(client._on_message_filtered) is _TopicFilters
+
+
+def test_the_swapped_table_matches_as_pahos_own_does() -> None:
+    topics = ["rs/a/changes", "rs/a/head", "rs/b/changes", "$SYS/x", "rs", "rs/a/changes/x"]
+    filters = ["rs/+/changes", "rs/#", "$SYS/#", "+/a/#", "rs/a/head"]
+    ours, pahos = _TopicFilters(), MQTTMatcher()
+    assert [list(ours.iter_match(t)) for t in topics] == [[] for _ in topics]
+    for f in filters:
+        ours[f] = pahos[f] = f
+        assert [sorted(ours.iter_match(t)) for t in topics] == [
+            sorted(pahos.iter_match(t)) for t in topics
+        ]
+    for f in filters:
+        del ours[f]
+        del pahos[f]
+        assert [sorted(ours.iter_match(t)) for t in topics] == [
+            sorted(pahos.iter_match(t)) for t in topics
+        ]
+    assert not ours._root._children  # emptied: back to the short way
