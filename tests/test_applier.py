@@ -730,6 +730,178 @@ async def test_submit_many_takes_only_what_the_batch_recorder_records(env: Env) 
         fetching.submit_many(fetching.read_many([change]), [change])
 
 
+# --- metadata_only: one order for the batch recorder and the per-change path ----------
+
+
+def _held_hooks(env: Env, holds: dict[str, asyncio.Event]) -> tuple[Hooks, set[str]]:
+    """env's recording hooks, whose on_created of a loc in ``holds`` waits for its event.
+
+    A slow hook (an indexer called per change) holds the batch recorder: it runs
+    a batch's hooks before it answers the batch and writes the next one.  The
+    set returned gets the locs whose hook is waiting (or has waited).
+    """
+    hooks = env.recording_hooks()
+    record = hooks.on_created
+    entered: set[str] = set()
+
+    async def created(change: Notification, path: Path) -> None:
+        record(change, path)
+        if change.loc in holds:
+            entered.add(change.loc)
+            await holds[change.loc].wait()
+
+    hooks.on_created = created
+    return hooks, entered
+
+
+def _listed(loc: str, change: ChangeType, when: datetime) -> list[Entry]:
+    return [Entry(loc=loc, change=change, datetime=when)]
+
+
+async def test_metadata_only_an_unsigned_deletion_comes_after_a_create_still_queued(
+    env: Env, source: Source
+) -> None:
+    """A pushed create waits in the batch recorder, an unsigned deletion of its resource
+    is pushed after it: recorded first, the deletion would be written over by the older
+    create (the store lets anything replace a provisional state), and the Destination
+    would hold a resource the Source has deleted until the next walk of the Change Lists."""
+    release = asyncio.Event()
+    hooks, entered = _held_hooks(env, {source.url("/slow"): release})
+    applier = env.applier(metadata_only=True, hooks=hooks)
+    slow = applier.submit(env.note("/slow", "created", at(1)), confirmed=False)
+    await async_wait_for(lambda: entered, timeout=10, message="the hook never ran")
+    create = applier.submit(env.note("/x", "created", at(1)), confirmed=False)
+    deletion = applier.submit(env.note("/x", "deleted", at(2)), confirmed=False)  # the Source: 404
+    # Unsigned deletions of other resources, one after the other, each the work the
+    # deletion of /x does: it had every chance to be recorded, had it not waited.
+    for i in range(3):
+        other = env.note(f"/other/{i}", "deleted", at(2))
+        assert await applier.apply(other, confirmed=False) is Outcome.RECORDED
+    waited = not deletion.done()
+    release.set()
+    outcomes = await asyncio.wait_for(asyncio.gather(slow, create, deletion), 10)
+    assert outcomes == [Outcome.RECORDED] * 3
+    x = source.url("/x")
+    state = await env.store.get(x)
+    assert state is not None and (state.change, state.datetime) == (ChangeType.DELETED, at(2))
+    assert [kind for kind, loc, _ in env.events if loc == x] == ["created", "deleted"]
+    assert [r.change for r in await env.store.apply_log(x)] == ["created", "deleted"]
+    assert waited, "the deletion was decided before the create submitted before it was recorded"
+
+
+async def test_metadata_only_a_create_pushed_during_an_unsigned_deletion_comes_after_it(
+    env: Env, source: Source
+) -> None:
+    """The deletion waits for the Source's answer; a newer create pushed meanwhile must
+    not be recorded before it (the batch recorder would, at once): the deletion, recorded
+    after the create, would replace it (provisional, it gives way to an older change)."""
+    gate = source.gates["/x"] = asyncio.Event()  # the Source's answer to the deletion, held
+    applier = env.applier(metadata_only=True, hooks=env.recording_hooks())
+    deletion = applier.submit(env.note("/x", "deleted", at(1)), confirmed=False)
+    await async_wait_for(lambda: "/x" in source.requests, timeout=10)
+    create = applier.submit(env.note("/x", "created", at(2)), confirmed=False)
+    # The recorder records in submission order: had the create gone its way, it is
+    # recorded once a change pushed after it is.
+    later = applier.submit(env.note("/later", "created", at(2)), confirmed=False)
+    assert await asyncio.wait_for(later, 10) is Outcome.RECORDED
+    waited = not create.done()
+    gate.set()  # 404: the deletion is borne out
+    outcomes = await asyncio.wait_for(asyncio.gather(deletion, create), 10)
+    assert outcomes == [Outcome.RECORDED, Outcome.RECORDED]
+    x = source.url("/x")
+    state = await env.store.get(x)
+    assert state is not None and (state.change, state.datetime) == (ChangeType.CREATED, at(2))
+    assert [kind for kind, loc, _ in env.events if loc == x] == ["deleted", "created"]
+    assert waited, "the create was recorded before the deletion submitted before it"
+
+
+async def test_metadata_only_a_walk_after_an_unsigned_deletion_confirms_it(
+    env: Env, source: Source
+) -> None:
+    """A walk's chunk listing the very deletion that waits for the Source: its entry
+    comes after the pushed one and confirms it; recorded first, it was made
+    provisional again by the pushed deletion recorded over it."""
+    gate = source.gates["/x"] = asyncio.Event()
+    applier = env.applier(metadata_only=True)
+    deletion = applier.submit(env.note("/x", "deleted", at(1)), confirmed=False)
+    await async_wait_for(lambda: "/x" in source.requests, timeout=10)
+    listed = _listed(source.url("/x"), ChangeType.DELETED, at(1))
+    listed += _listed(source.url("/y"), ChangeType.CREATED, at(1))
+    walk = applier.submit_many(applier.read_many(listed), listed)
+    later = applier.submit(env.note("/later", "created", at(2)))  # recorded in order, as above
+    assert await asyncio.wait_for(later, 10) is Outcome.RECORDED
+    waited = not walk.done()
+    gate.set()
+    assert await asyncio.wait_for(deletion, 10) is Outcome.RECORDED
+    assert await asyncio.wait_for(walk, 10) == [Outcome.CONFIRMED, Outcome.RECORDED]
+    state = await env.store.get(source.url("/x"))
+    assert state is not None and state.change is ChangeType.DELETED and state.confirmed
+    assert waited
+    await applier.drain()
+    assert applier.pending == 0
+
+
+async def test_metadata_only_the_recorder_decides_on_what_the_other_path_recorded(
+    env: Env, source: Source, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch recorder remembers the states its batches leave while it runs; an
+    unsigned deletion recorded meanwhile replaces what it knew of that resource, so a
+    walk listing the deletion confirms it, as the one-change path does (not "recorded",
+    as if the recorder's own create were still the state)."""
+    monkeypatch.setattr(recorder_module, "RECORD_BATCH", 1)  # a batch per group
+    first_hold, second_hold = asyncio.Event(), asyncio.Event()
+    hold1, hold2 = source.url("/hold/1"), source.url("/hold/2")
+    hooks, entered = _held_hooks(env, {hold1: first_hold, hold2: second_hold})
+    applier = env.applier(metadata_only=True, hooks=hooks)
+    listed = _listed(source.url("/x"), ChangeType.CREATED, at(1))
+    listed += _listed(hold1, ChangeType.CREATED, at(1))
+    first = applier.submit_many(applier.read_many(listed), listed)
+    await async_wait_for(lambda: hold1 in entered, timeout=10)
+    deletion = applier.submit(env.note("/x", "deleted", at(2)), confirmed=False)  # the Source: 404
+    holding = _listed(hold2, ChangeType.CREATED, at(1))
+    holding += _listed(source.url("/z"), ChangeType.CREATED, at(1))
+    second = applier.submit_many(applier.read_many(holding), holding)  # a batch of its own
+    first_hold.set()
+    assert await asyncio.wait_for(deletion, 10) is Outcome.RECORDED
+    await async_wait_for(lambda: hold2 in entered, timeout=10)  # the same recorder runs on
+    listing = _listed(source.url("/x"), ChangeType.DELETED, at(2))
+    confirmation = applier.submit_many(applier.read_many(listing), listing)
+    second_hold.set()
+    assert await asyncio.wait_for(confirmation, 10) == [Outcome.CONFIRMED]
+    state = await env.store.get(source.url("/x"))
+    assert state is not None and state.change is ChangeType.DELETED and state.confirmed
+    assert await first == [Outcome.RECORDED] * 2 and await second == [Outcome.RECORDED] * 2
+
+
+async def test_metadata_only_abandoning_a_walk_chunk_sent_change_by_change_records_none(
+    env: Env, source: Source
+) -> None:
+    """A chunk holding a resource whose unsigned deletion is in flight goes change by
+    change, some to the batch recorder; abandoned (an engine restarting from its
+    cursor), none of them may still be recorded after the restart's own."""
+    source.gates["/x"] = asyncio.Event()  # never opened: the deletion is abandoned too
+    release = asyncio.Event()
+    hooks, entered = _held_hooks(env, {source.url("/slow"): release})
+    applier = env.applier(metadata_only=True, hooks=hooks)
+    deletion = applier.submit(env.note("/x", "deleted", at(1)), confirmed=False)
+    await async_wait_for(lambda: "/x" in source.requests, timeout=10)
+    slow = applier.submit(env.note("/slow", "created", at(1)))
+    await async_wait_for(lambda: entered, timeout=10)  # the recorder holds what comes next
+    listed = _listed(source.url("/x"), ChangeType.DELETED, at(1))
+    listed += _listed(source.url("/y"), ChangeType.CREATED, at(1))
+    walk = applier.submit_many(applier.read_many(listed), listed)
+    await asyncio.wait_for(applier.abandon([walk, deletion]), 10)
+    for future in (walk, deletion):
+        with pytest.raises(asyncio.CancelledError):
+            future.result()
+    after = applier.submit(env.note("/after", "created", at(2)))  # recorded in order
+    release.set()
+    assert await asyncio.wait_for(asyncio.gather(slow, after), 10) == [Outcome.RECORDED] * 2
+    await asyncio.wait_for(applier.drain(), 10)
+    assert await env.store.apply_log(source.url("/y")) == []
+    assert await env.store.apply_log(source.url("/x")) == []
+
+
 async def test_hooks_get_change_and_path_and_their_errors_are_not_fatal(
     env: Env, source: Source, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -17,7 +17,10 @@ catching up) becomes bytes on the Destination's disk.  Its guarantees:
   for a large or unsized resource) at a time.  A small resource's bytes then
   wait, outside the slot, for the mirror's next batched write, as deletes
   do (at most ``transfer.HELD_BODIES`` of the two together).  A change waiting out a
-  retry backoff holds no slot.
+  retry backoff holds no slot.  With ``metadata_only`` changes go to the batch
+  recorder, in submission order, but for an unconfirmed deletion (it asks the
+  Source): that one is chained after all the recorder holds, and a later change
+  of its ``loc`` follows it down the chain (:mod:`.recorder`).
 * **Nothing unverified replaces anything.**  Bytes are streamed to a temp file
   and hashed as they arrive; advertised length and hashes are checked before
   the rename (see :mod:`.mirror`).  A mismatch is retried with backoff and
@@ -163,7 +166,7 @@ class Applier:
         )
         self._tails: dict[str, asyncio.Task[Outcome]] = {}
         self._queued: dict[str, list[datetime]] = {}  # loc -> datetimes submitted
-        self._pending: set[asyncio.Future[Outcome]] = set()
+        self._pending: set[asyncio.Future[Any]] = set()  # of an Outcome, or a list of them
         # metadata_only: changes waiting to be recorded, by one task, in order.
         self._recorder = BatchRecorder(
             resources,
@@ -216,11 +219,19 @@ class Applier:
                 reuse=reuse,
                 unordered=unordered,
             )
-        if self.metadata_only and (view.confirmed or view.change is not ChangeType.DELETED):
+        if (
+            self.metadata_only
+            and (view.confirmed or view.change is not ChangeType.DELETED)
+            and view.loc not in self._tails
+        ):
             # An unconfirmed deletion takes the per-change path: it asks the Source.
+            # So does a later change of its loc while it is there, to come after it.
             future: asyncio.Future[Outcome] = self._submit_record([view], [change], single=True)
             return future
-        previous = self._tails.get(view.loc)
+        previous: asyncio.Future[Any] | None = self._tails.get(view.loc)
+        if previous is None:
+            # The batch recorder may hold this loc (metadata_only): after all it holds.
+            previous = self._recorder.barrier()
         self._queued.setdefault(view.loc, []).append(view.datetime)
         task = asyncio.get_running_loop().create_task(self._after(previous, view, change, body))
         self._tails[view.loc] = task
@@ -230,7 +241,7 @@ class Applier:
 
     async def _after(
         self,
-        previous: asyncio.Task[Outcome] | None,
+        previous: asyncio.Future[Any] | None,
         view: ChangeView,
         change: Any,
         body: bytes | None = None,
@@ -371,7 +382,7 @@ class Applier:
             log.info("%d change(s) superseded by newer ones of the same walk", len(rows))
 
     def recordable(self, view: ChangeView) -> bool:
-        """metadata_only: ``view`` goes to the batch recorder (:meth:`submit_many` takes it)."""
+        """metadata_only: ``view`` is a change the batch recorder records (:meth:`submit_many`)."""
         return self.metadata_only and (view.confirmed or view.change is not ChangeType.DELETED)
 
     def submit_many(
@@ -383,10 +394,23 @@ class Applier:
         once: the same decisions and rows as :meth:`submit` per change (see
         :mod:`.recorder`), without a future and a pipeline slot each.
         Every view must be :meth:`recordable`.  The future holds the outcomes
-        in the order given, once all of them are durable.
+        in the order given, once all of them are durable.  A chunk holding a
+        ``loc`` whose unconfirmed deletion is still in flight goes change by
+        change (:meth:`submit`), so that its change of the ``loc`` follows the
+        deletion.  Rare (push and a walk meeting on one resource within one
+        request to the Source); every other chunk stays one group.
         """
         if not all(self.recordable(view) for view in views):
             raise ValueError("submit_many takes only changes the batch recorder records")
+        tails = self._tails
+        if tails and any(view.loc in tails for view in views):
+            # An unconfirmed deletion of one of these locs is in flight (it asks the
+            # Source): each change goes where submit sends it, so that one comes after it.
+            parts = [self.submit(c, view=v) for v, c in zip(views, changes, strict=True)]
+            gathered = asyncio.gather(*parts)
+            self._pending.add(gathered)
+            gathered.add_done_callback(self._pending.discard)
+            return gathered
         return self._submit_record(views, changes, single=False)
 
     def _submit_record(
@@ -420,6 +444,7 @@ class Applier:
                 del self._queued[view.loc]
         if self._tails.get(view.loc) is task:
             del self._tails[view.loc]
+            self._recorder.forget(view.loc)  # it wrote the loc's state: the recorder reads it
 
     async def drain(self) -> None:
         """Wait until every submitted change has finished.
@@ -450,9 +475,9 @@ class Applier:
         (the chaos matrix's disk-full scenario).
         """
         doomed = set(self._pending) if futures is None else set(futures) & self._pending
-        self._recorder.drop(doomed)
         for future in doomed:
-            future.cancel()
+            future.cancel()  # a walk chunk gathered from single submissions cancels each
+        self._recorder.drop()
         if doomed:
             await asyncio.wait(doomed)
         await self.mirror.settle()

@@ -14,13 +14,26 @@ a future of one :class:`~.rules.Outcome`) or a walk's chunk
 (:meth:`.applier.Applier.submit_many`, one future of the list).  A batch
 takes whole groups, so a group is never split over two transactions and its
 future is answered once all of it is durable.
+
+The applier's other path (a task per change, chained per ``loc``: an
+unconfirmed deletion, which asks the Source) keeps one order with this one,
+or the two overtook each other: a create recorded here after the deletion
+it preceded replaced it (a provisional state gives way to any write), a
+deletion confirmed after a newer create recorded here replaced that.  So a
+change sent down a chain while groups wait here first waits for all of them
+(:meth:`BatchRecorder.barrier`: they may hold its ``loc``); a later change
+of a ``loc`` with a chain follows it down the chain instead of coming here;
+and once the chain is done, the recorder forgets what it knew of the
+``loc`` (:meth:`BatchRecorder.forget`) and reads the state the chain left.
+No per-``loc`` bookkeeping here: a catch-up's only added cost is the
+applier's look in its (almost always empty) dict of chains.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -94,6 +107,9 @@ class BatchRecorder:
         self._hooks_present = hooks_present
         self._batch: deque[_Queued] = deque()
         self._batcher: asyncio.Task[None] | None = None
+        # What the batches decided so far leave behind, per loc (see _decide): kept
+        # from one batch to the next while the batcher runs.
+        self._states: dict[str, _State] = {}
 
     def queue(
         self, views: list[ChangeView], changes: list[Any], future: asyncio.Future[Any], single: bool
@@ -103,15 +119,26 @@ class BatchRecorder:
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.get_running_loop().create_task(self._record_batches())
 
-    def drop(self, doomed: Collection[asyncio.Future[Any]]) -> None:
-        """Cancel the queued groups whose futures are in ``doomed`` (never recorded)."""
-        kept: deque[_Queued] = deque()
-        for item in self._batch:
-            if item[2] in doomed:
-                item[2].cancel()
-            else:
-                kept.append(item)
-        self._batch = kept
+    def barrier(self) -> asyncio.Future[Any] | None:
+        """A future answered once every group queued so far is (None: nothing is queued).
+
+        An empty group, in the queue's order: answered with its batch, after
+        every group before it is durable and its hooks have run (or failed
+        with them; cancelled if the recorder is).
+        """
+        if not self._batch and (self._batcher is None or self._batcher.done()):
+            return None
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.queue([], [], future, False)
+        return future
+
+    def forget(self, loc: str) -> None:
+        """The state of ``loc`` was written elsewhere: read it again before deciding on it."""
+        self._states.pop(loc, None)
+
+    def drop(self) -> None:
+        """Forget the queued groups whose futures are cancelled (never recorded)."""
+        self._batch = deque(item for item in self._batch if not item[2].cancelled())
 
     def _next_batch(self) -> list[_Queued]:
         """Whole groups, in order, up to :data:`RECORD_BATCH` changes (a larger group alone)."""
@@ -136,7 +163,7 @@ class BatchRecorder:
         failed fails with it (a local failure: the engine restarts from its
         cursor).
         """
-        states: dict[str, _State] = {}  # what the batches decided leave behind
+        states = self._states = {}  # what the batches decided leave behind
         writing: _Writing | None = None
         prepared: _Writing | None = None
         try:
