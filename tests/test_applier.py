@@ -1002,6 +1002,28 @@ async def test_changes_of_one_resource_apply_in_submission_order(env: Env, sourc
     await assert_never_backwards(env.store)
 
 
+async def test_cancelling_a_change_leaves_the_earlier_one_it_waits_for_running(
+    env: Env, source: Source
+) -> None:
+    """A change only waits for the earlier change of its resource; that one is its
+    submitter's.  Abandoning one engine's change (the applier is shared by every
+    collection, and two may list one resource) must not cancel another's it waits
+    behind: that one would never apply, and its engine stop as if it had failed."""
+    gate = source.gates["/shared"] = asyncio.Event()  # hold the earlier change's fetch
+    source.files["/shared"] = b"shared"
+    applier = env.applier()
+    earlier = applier.submit(env.note("/shared", body=b"shared"))
+    await async_wait_for(lambda: "/shared" in source.requests, timeout=10)
+    later = applier.submit(env.note("/shared", "updated", at(2), body=b"shared"))
+    await asyncio.wait_for(applier.abandon([later]), 10)
+    assert later.cancelled()
+    assert not earlier.done()
+    gate.set()
+    assert await asyncio.wait_for(earlier, 10) is Outcome.APPLIED
+    assert env.path("/shared").read_bytes() == b"shared"
+    assert await env.outcomes("/shared") == [Outcome.APPLIED]
+
+
 async def test_different_resources_run_concurrently_up_to_the_limit(
     env: Env, source: Source
 ) -> None:

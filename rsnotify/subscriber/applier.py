@@ -248,8 +248,10 @@ class Applier:
     ) -> Outcome:
         if previous is not None and not previous.done():
             # Its result or failure is its submitter's; this change only waits.
+            # Shielded: cancelling this change (abandon()) must not cancel the one
+            # it waits for, which may be another engine's, or the recorder's barrier.
             try:
-                await previous
+                await asyncio.shield(previous)
             except Exception:
                 pass
             except asyncio.CancelledError:
