@@ -139,6 +139,7 @@ class SnapshotWatcher:
         self.unordered_lists: set[str] = set()
         self.checkpoint = checkpoint
         self._state: SnapshotState | None = None  # latest read, validators included
+        self._states_read = 0  # bumped with every new self._state (lists_read)
         self._queue: deque[tuple[Entry, Checkpoint]] = deque()
         self._derived: Snapshots | None = None
         # Checkpoints committed and not yet known durable, oldest first, with their
@@ -149,6 +150,11 @@ class SnapshotWatcher:
         self.reset(checkpoint)
 
     # -- the CollectionWatcher interface ----------------------------------------------
+
+    @property
+    def lists_read(self) -> int:
+        """Moves with every snapshot read, which may name other parts."""
+        return self._states_read
 
     def list_urls(self) -> list[str]:
         """The Resource List (or Index) and the parts named at the last read."""
@@ -205,6 +211,7 @@ class SnapshotWatcher:
         self._queue.clear()
         position = checkpoint.snapshot
         self._state = SnapshotState.from_json(position.state) if position is not None else None
+        self._states_read += 1
 
     async def poll(self, limit: int | None = None, *, lists: int | None = None) -> PollResult:
         """The changes after the checkpoint, ``limit`` at a time (``more`` when some wait)."""
@@ -215,6 +222,7 @@ class SnapshotWatcher:
                 return PollResult(checkpoint=self.checkpoint)
             if not read.changes:  # only validators or part layout moved: record the snapshot
                 self._state = read.state
+                self._states_read += 1
                 recorded = _at(read.state, SnapshotPosition(read.state.to_json()))
                 return PollResult(checkpoint=recorded)
             self._enqueue(read)
@@ -261,6 +269,7 @@ class SnapshotWatcher:
             )
             self._queue.append((changes[i], _at(read.state, done)))
         self._state = read.state
+        self._states_read += 1
         self._derived = Snapshots(self.resourcelist_url, since, read.state.at)
 
     def _hand_out(self, limit: int | None) -> PollResult:
@@ -414,6 +423,7 @@ class SnapshotWatcher:
                         diff.removed.setdefault(loc, fp)
         if _content(state) == _content(before):
             self._state = state  # same resources: keep the validators just read
+            self._states_read += 1
             return None
         dated = [t for t in times if t is not None]
         # A Source that rewrote a part without moving any 'at' still changed it.

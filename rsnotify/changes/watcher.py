@@ -94,6 +94,11 @@ class ChangeWatcher(Protocol):
 
     def list_urls(self) -> list[str]: ...
 
+    @property
+    def lists_read(self) -> int:
+        """Moves whenever :meth:`list_urls` may have changed (a read of what names the lists)."""
+        ...
+
     def coverage_start(self) -> datetime | None: ...
 
     def hole_at(self, checkpoint: Checkpoint) -> str | None: ...
@@ -141,6 +146,7 @@ class CollectionWatcher:
         #: True (a Destination): :class:`CoverageHole` is raised; else logged and counted.
         self.stop_at_holes = stop_at_holes
         self.holes = 0  # coverage holes found (each distinct one counted once)
+        self._lists_read = 0  # bumped with every new self._refs
         self._hole: str | None = None  # the last one reported
         self._seen_until: dict[str, datetime] = {}  # lists seen closed, by URL
         #: Lists seen out of forward chronological order (their times order nothing).
@@ -166,6 +172,11 @@ class CollectionWatcher:
     def list_urls(self) -> list[str]:
         """The Change Lists the index named at the last read."""
         return [ref.url for ref in self._refs]
+
+    @property
+    def lists_read(self) -> int:
+        """How many times the lists were read anew (an unchanged index does not count)."""
+        return self._lists_read
 
     def list_refs(self) -> list[ListRef]:
         """The Change Lists at the last read, with the intervals the index gives them."""
@@ -292,10 +303,12 @@ class CollectionWatcher:
         if header.root is Root.URLSET:  # a single Change List, no index
             self._single_list = True
             self._refs = [ListRef(self.changelist_url, header.from_, header.until)]
+            self._lists_read += 1
             return {self.changelist_url: fetched}
         self._single_list = False
         state.etag, state.last_modified = fetched.etag, fetched.last_modified
         self._refs = index_refs(reader)
+        self._lists_read += 1
         self._seen_until.update((r.url, r.until) for r in self._refs if r.until is not None)
         return {}
 

@@ -60,7 +60,7 @@ class DetectionLoop:
         self.framework_interval = framework_interval
         self.stopping = stopping
         self._on_health = on_health  # False after five failed passes in a row
-        self._on_lists = on_lists  # the lists were read: watch their directories
+        self._on_lists = on_lists  # the lists were read anew: watch their directories
 
     async def _wait_trigger(self) -> None:
         with contextlib.suppress(TimeoutError):
@@ -74,6 +74,7 @@ class DetectionLoop:
         watcher = collection.watcher
         backoff = Backoff()
         reload = False  # after a conflict or an outage (the log may be a failed-over primary)
+        lists_read: int | None = None  # watcher.lists_read when on_lists last ran
         while not self.stopping.is_set():
             raise_if_cancelled()  # the log's Redis client may have swallowed a cancellation
             holes = watcher.holes
@@ -94,7 +95,13 @@ class DetectionLoop:
                 self._on_health(True)
                 if result.more:
                     continue  # the rest of a long list, at once
-                self._on_lists(collection)  # a rollover may open a list in a new directory
+                if watcher.lists_read != lists_read:
+                    # A rollover may open a list in a new directory.  Only when the
+                    # lists were read anew: every list's path is resolved, and an
+                    # index names more lists every day (once per detection, it was
+                    # 5.5 % of the publisher's CPU at 200 changes/s with 3 lists).
+                    lists_read = watcher.lists_read
+                    self._on_lists(collection)
             except asyncio.CancelledError:
                 raise
             except Fenced as exc:
