@@ -198,12 +198,14 @@ async def test_a_watched_directory_source_two_collections_and_redis(
             )
 
 
-async def test_watched_directories_are_looked_at_again_only_when_the_lists_are_read_anew(
+async def test_a_detected_change_costs_one_append_and_no_new_look_at_the_directories(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every list's directory is resolved when the publisher (re)looks at what to
     # watch; once per detection, that grew with the index: 5.5 % of the
-    # publisher's CPU at 200 changes/s with only 3 lists.
+    # publisher's CPU at 200 changes/s with only 3 lists.  And a detection's
+    # entries carry the poll's final checkpoint (with the list's validators):
+    # a second append per detection only for those was 12 % of it.
     looks: list[int] = []
     original = Publisher._watch_lists
 
@@ -224,10 +226,21 @@ async def test_watched_directories_are_looked_at_again_only_when_the_lists_are_r
         cid = await only_collection(pub)
         log = pub.log
         await async_wait_for(lambda: _checkpoint_started(log, cid), timeout=20)  # type: ignore[arg-type]
+        appends: list[int] = []
+        append = log.append
+
+        async def counted_append(collection: str, payloads: list[Any], **kw: Any) -> int:
+            appends.append(len(payloads))
+            return await append(collection, payloads, **kw)
+
+        monkeypatch.setattr(log, "append", counted_append)
         for n in range(1, 61):  # one detection each: the next change waits for it
             await advance(http, base, 1)
             await async_wait_for(lambda n=n: _head_is(log, cid, n), timeout=20)  # type: ignore[misc]
         records = await logged(log, cid)
+        checkpoint = await log.checkpoint(cid)
+        assert checkpoint is not None
+        assert checkpoint == pub.collections[cid].watcher.checkpoint.to_json()
         listed = await change_list_entries(http, base, "c1", advertised="http://source.test/")
     assert [(r["loc"], r["datetime"], r["change"]) for r in records] == listed[-60:]
     # Lists of 20: looked at when started, at the first read of the index and at
@@ -235,6 +248,10 @@ async def test_watched_directories_are_looked_at_again_only_when_the_lists_are_r
     # each of the 60 detections.
     assert looks == list(range(looks[0], looks[0] + len(looks))), looks
     assert 4 <= len(looks) <= 6, looks
+    # One append per change; the few empty ones: a poll that found nothing new
+    # but a list's validators moved (the index rewritten at a rollover).
+    assert sum(appends) == 60
+    assert len(appends) <= 60 + 6, appends
 
 
 def test_sqlite_log_is_the_default(tmp_path: Path) -> None:

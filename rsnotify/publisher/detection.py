@@ -87,8 +87,10 @@ class DetectionLoop:
                 self.metrics.bytes_read.labels(collection.id).inc(result.bytes_read)
                 if watcher.holes > holes:  # logged by the watcher; Destinations re-baseline
                     self.metrics.coverage_holes.labels(collection.id).inc(watcher.holes - holes)
+                last = result.detections[-1] if result.detections else None
                 for found in result.detections:
-                    await self.sequencer.log_detection(collection, found, detected)
+                    closing = result.checkpoint if found is last else None
+                    await self.sequencer.log_detection(collection, found, detected, closing=closing)
                 if result.checkpoint != watcher.checkpoint:
                     await self.sequencer.commit_checkpoint(collection, result.checkpoint)
                 backoff.reset()

@@ -153,14 +153,29 @@ class Sequencer:
         collection.watcher.commit(checkpoint)
 
     async def log_detection(
-        self, collection: CollectionState, found: Detection, detected: datetime
+        self,
+        collection: CollectionState,
+        found: Detection,
+        detected: datetime,
+        *,
+        closing: Checkpoint | None = None,
     ) -> None:
-        """Sequence and log one list's new entries, a batch at a time, each with its checkpoint."""
+        """Sequence and log one list's new entries, a batch at a time, each with its checkpoint.
+
+        ``closing``: where the poll that found them ended, when nothing was
+        found after them (their last checkpoint with the list's validators
+        added).  The last batch is logged with it, so the poll needs no
+        second append just to record the validators: that was one more
+        round trip to the log per detection (12 % of the publisher's CPU at
+        200 changes/s, py-spy).
+        """
         watcher = collection.watcher
         batch = self.batch
         for start in range(0, len(found.entries), batch):
             entries = found.entries[start : start + batch]
             checkpoint = found.checkpoints[start + len(entries) - 1]
+            if closing is not None and start + batch >= len(found.entries):
+                checkpoint = closing
             head = collection.head
             # Each change remembers the one logged before it: the start of its
             # Change Notification interval (see rsnotify.envelope).  Not the
