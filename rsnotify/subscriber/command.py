@@ -10,6 +10,7 @@ from ..commonoptions import LOG, METRICS_HOST, MQTT_PROTOCOL, lenient_options, l
 from ..errors import RsNotifyError
 from ..logs import setup as setup_logging
 from ..options import Options, build, flag, option, positional, repeated
+from ..runtime import settle_gc
 from ..transport.topics import prefix_argument
 from . import service
 from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
@@ -243,4 +244,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"rsnotify subscribe: {exc}", flush=True)
         return 2
     config = build(SubscriberConfig, OPTIONS, args, http=http, lenient=lenient_rules(args))
-    return asyncio.run(service.run(config))
+    return asyncio.run(service.run(config, on_live=settle_gc))

@@ -163,8 +163,13 @@ def _applied_seq_of(engine: CollectionSync) -> Callable[[], int | None]:
 
 
 class Subscriber:
-    def __init__(self, config: SubscriberConfig) -> None:
+    def __init__(
+        self, config: SubscriberConfig, *, on_live: Callable[[], None] | None = None
+    ) -> None:
         self.config = config
+        # Called each time a collection goes live (its baseline and catch-up done):
+        # the command's rsnotify.runtime.settle_gc.
+        self.on_live = on_live
         self.state_dir = Path(config.state) if config.state else default_state_dir(config.into)
         self.metrics = SubscriberMetrics(config.name or Path(config.into).name)
         self.engines: dict[str, CollectionSync] = {}
@@ -522,6 +527,8 @@ class Subscriber:
                 await engine.start(functools.partial(self._baseline_for, engine))
                 self.metrics.state(engine.collection, "live")
                 print(f"rsnotify subscribe: {engine.collection}: live", flush=True)
+                if self.on_live is not None:
+                    self.on_live()
                 await engine.run()
             except asyncio.CancelledError:
                 raise
@@ -588,8 +595,8 @@ class Subscriber:
             self._mirror_lock.release()
 
 
-async def run(config: SubscriberConfig) -> int:
-    subscriber = Subscriber(config)
+async def run(config: SubscriberConfig, *, on_live: Callable[[], None] | None = None) -> int:
+    subscriber = Subscriber(config, on_live=on_live)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, subscriber.stopping.set)
