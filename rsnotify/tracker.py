@@ -521,6 +521,20 @@ class Positions(Sequence[Checkpoint]):
     def append(self, checkpoint: Checkpoint) -> None:
         self._items.append(checkpoint)
 
+    def extend(self, other: Positions) -> None:
+        """Append ``other``'s checkpoints: the next part of the same detection.
+
+        Its steps are kept as steps when it shares this one's base (the same
+        list and validators, as a detection resumed from this one's last
+        checkpoint does), made into checkpoints otherwise.
+        """
+        if not self._items:
+            self._base = other._base
+        if other._base == self._base:
+            self._items.extend(other._items)
+        else:
+            self._items.extend(other)
+
     def _made(self, i: int) -> Checkpoint:
         item = self._items[i]
         if isinstance(item, Checkpoint):

@@ -19,6 +19,7 @@ or replaced.  Each list read out of order is reported once, as a warning.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 from collections.abc import Iterator
@@ -49,6 +50,9 @@ log = logging.getLogger("rsnotify.publish")
 # is consumed, on the loop, so that its entries are never all held at once.
 THREADED_BYTES = 64 * 1024
 THREADED_MAX_BYTES = 8 * 1024 * 1024
+# Entries a pass without a limit (a Destination's walk) detects between two looks at
+# the loop: see _detect_sliced.
+DETECT_SLICE = 250
 _LINE = re.compile(r"^line \d+: ")
 
 
@@ -409,7 +413,10 @@ class CollectionWatcher:
                 work.changelist, work.entries = ref.url, entries
             assert work.changelist is not None
             try:
-                found = detect(work.entries, work.changelist, work.current, limit=budget)
+                if budget is None:
+                    found = await _detect_sliced(work.entries, work.changelist, work.current)
+                else:
+                    found = detect(work.entries, work.changelist, work.current, limit=budget)
             except DocumentError:
                 self._lists.pop(work.changelist, None)
                 raise
@@ -436,3 +443,28 @@ class CollectionWatcher:
             current = current.with_validators(state.etag, state.last_modified)
         result.checkpoint = current
         return result
+
+
+async def _detect_sliced(entries: Iterator[Entry], changelist: str, start: Checkpoint) -> Detection:
+    """:func:`detect` of what ``entries`` holds, :data:`DETECT_SLICE` entries at a time.
+
+    A Destination's walk detects whole lists: at 200 changes/s, a walk
+    following push met 1,000 entries and detected them in one step of 5-7 ms
+    of the event loop, beside the step that read the first of them; push
+    notifications waited behind it.  Each slice resumes from the last
+    checkpoint found, so the result is the one :func:`detect` gives in one
+    call (a property test holds it to that), lists read out of order
+    included: the caller still gets one detection per list.
+    """
+    found = Detection(changelist=changelist)
+    current = start
+    while True:
+        chunk = list(itertools.islice(entries, DETECT_SLICE))
+        part = detect(chunk, changelist, current)
+        if part.entries:
+            found.entries += part.entries
+            found.checkpoints.extend(part.checkpoints)
+            current = part.checkpoints[-1]
+        if len(chunk) < DETECT_SLICE:
+            return found
+        await asyncio.sleep(0)

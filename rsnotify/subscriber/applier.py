@@ -307,6 +307,10 @@ class Applier:
         rows: list[tuple[tuple[Any, ...], int]] = []
         locs = [v.loc for v in views if v.loc not in self._queued]
         states = await self.resources.get_many(locs) if locs else {}
+        if len(views) > SETTLE_SLICE:
+            # The states of a thousand locs are a step of their own (made from the
+            # cache's rows), not one with the first slice's decisions.
+            await asyncio.sleep(0)
         # Decided in slices from the end, the loop given back between them: a
         # walk following push settles a thousand entries, and in one piece every
         # notification waited for it.  A state read before a slice may be older

@@ -682,6 +682,8 @@ class CollectionSync:
                     collection=self.collection,
                     unordered=unordered,
                 )
+            if len(entries) > SETTLE_SLICE:
+                await asyncio.sleep(0)  # the last slice read is not the states' step too
             settled = await self.applier.settle_many(entries, views=views)
             batch.append(
                 _Found(found.changelist, unordered, entries, settled,
