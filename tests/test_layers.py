@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "rsnotify.collection",
             "rsnotify.sitemap",
             "rsnotify.sitemapwriter",
+            "rsnotify.pullparsers",  # lxml parsers reused per thread, for sitemap (no I/O)
             "rsnotify.envelope",
             "rsnotify.tracker",
             "rsnotify.framework",

@@ -1,10 +1,10 @@
 """The private parts of paho-mqtt that rsnotify relies on are still there.
 
 rsnotify uses paho's public API except in two places:
-:func:`rsnotify.transport.mqttlink._cap_inflight` writes
+:func:`rsnotify.transport.pahoprivate.cap_inflight` writes
 ``Client._max_inflight_messages`` at CONNACK to honour the broker's MQTT 5
 Receive Maximum, because paho's public setter refuses any change once
-connected; :func:`rsnotify.transport.mqttlink._lighten` swaps
+connected; :func:`rsnotify.transport.pahoprivate.lighten` swaps
 ``Client._on_message_filtered`` (paho's table of per-filter callbacks) for a
 subclass whose lookup of an empty table makes no garbage cycle.  The test
 suite also samples ``Client._out_messages`` (paho's queue of unacknowledged
@@ -22,7 +22,9 @@ from paho.mqtt.matcher import MQTTMatcher
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from rsnotify.transport.mqttlink import _cap_inflight, _lighten, _TopicFilters
+from rsnotify.transport.pahoprivate import _TopicFilters
+from rsnotify.transport.pahoprivate import cap_inflight as _cap_inflight
+from rsnotify.transport.pahoprivate import lighten as _lighten
 
 
 def new_client() -> mqtt.Client:

@@ -40,10 +40,10 @@ three need and none should write again:
 * **the in-flight limit**: ``max_inflight`` messages on the wire, lowered at
   CONNACK to the broker's MQTT 5 Receive Maximum, and paho's own queue
   capped at ``max_queued``.  Setting the limit at CONNACK needs a private
-  paho attribute (see :func:`_cap_inflight`); it is written nowhere else.
+  paho attribute (see :func:`.pahoprivate.cap_inflight`).
 * **no garbage cycle per received message**: paho's per-topic-filter table
-  is swapped for :class:`_TopicFilters`, the other private paho attribute
-  rsnotify writes (see :func:`_lighten`).
+  is swapped for one whose empty lookup makes none, the other private paho
+  attribute rsnotify writes (:func:`.pahoprivate.lighten`).
 """
 
 from __future__ import annotations
@@ -52,12 +52,11 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.matcher import MQTTMatcher
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -67,6 +66,7 @@ from . import TransportError
 from . import mqttproblems as problems
 from .handoff import Handoff
 from .mqtturl import BrokerURL
+from .pahoprivate import cap_inflight, lighten
 
 PROTOCOLS = {"auto": mqtt.MQTTv5, "5": mqtt.MQTTv5, "3.1.1": mqtt.MQTTv311}
 PROTOCOL_NAMES = {mqtt.MQTTv5: "5", mqtt.MQTTv311: "3.1.1"}
@@ -124,62 +124,6 @@ OnMessage = Callable[[mqtt.MQTTMessage], None]
 #: ``on_ack(conn, mid, reason)``: a PUBACK, on the loop.
 OnAck = Callable[[int, int, ReasonCode], None]
 OnState = Callable[[LinkState], None]
-
-
-def _cap_inflight(client: mqtt.Client, window: int, props: Properties | None) -> int:
-    """Lower paho's in-flight limit to the broker's Receive Maximum; the limit in force.
-
-    MQTT 5 section 3.2.2.3.3: never more unacknowledged QoS 1 PUBLISHes than
-    the broker's Receive Maximum (Mosquitto says 20; brokers that enforce it
-    disconnect a client that sends more).  paho ignores it, and its public
-    setter (``max_inflight_messages_set``, the ``max_inflight_messages``
-    property) refuses any change once connected, for fear of a switch to or
-    from 0 ("unlimited"), which this never is.  So the attribute behind that
-    property is written directly, here in paho's thread at CONNACK, before
-    the owner can publish anything on this connection.  This and
-    :func:`_lighten` are rsnotify's only writes to private paho attributes:
-    ``tests/test_paho_contract.py`` fails if paho renames them, and
-    pyproject.toml pins paho-mqtt below 3.
-    MQTT 3.1.1 has no Receive Maximum: the window alone applies.
-    """
-    limit = getattr(props, "ReceiveMaximum", None) if props is not None else None
-    if isinstance(limit, int) and 0 < limit < window:
-        client._max_inflight_messages = limit
-        return limit
-    return window
-
-
-class _TopicFilters(MQTTMatcher):
-    """paho's table of per-topic-filter callbacks, minus a garbage cycle per message.
-
-    paho looks every received message up in this table
-    (``Client._handle_on_message``), and :meth:`MQTTMatcher.iter_match`
-    builds a recursive closure each time, a reference cycle of ~8 objects
-    that only the cyclic collector frees: at 200 notifications/s the
-    subscriber's collector ran every ~5 s, for up to 37 ms of its loop
-    (``gc.callbacks`` during ``bench.e2e``).  rsnotify adds no per-filter
-    callback (``message_callback_add``), so the table is empty and the
-    answer is known without the walk; a table with filters is walked as
-    paho walks it.
-    """
-
-    def iter_match(self, topic: str) -> Iterator[Any]:
-        root = self._root
-        if not root._children and root._content is None:
-            return iter(())
-        # paho's matcher module carries no annotations.
-        return cast(Iterator[Any], super().iter_match(topic))  # type: ignore[no-untyped-call]
-
-
-def _lighten(client: mqtt.Client) -> None:
-    """Give ``client`` a :class:`_TopicFilters` for paho's own (empty) table.
-
-    ``Client._on_message_filtered`` is private: ``tests/test_paho_contract.py``
-    fails if paho renames it or stops asking it for every message; if it is
-    gone, nothing is replaced and paho's own table works as before.
-    """
-    if type(getattr(client, "_on_message_filtered", None)) is MQTTMatcher:
-        client._on_message_filtered = _TopicFilters()  # type: ignore[no-untyped-call]
 
 
 class BrokerLink:
@@ -393,7 +337,7 @@ class BrokerLink:
             protocol=protocol,
             reconnect_on_failure=False,  # we reconnect, with jitter, on a fresh client
         )
-        _lighten(client)
+        lighten(client)
         if self.broker.username is not None:
             client.username_pw_set(self.broker.username, self.broker.password)
         if self.tls is not None:
@@ -417,7 +361,7 @@ class BrokerLink:
             props: Properties | None,
         ) -> None:
             if not reason.is_failure and self.max_inflight is not None:
-                self.inflight_limit = _cap_inflight(c, self.max_inflight, props)
+                self.inflight_limit = cap_inflight(c, self.max_inflight, props)
             session = bool(getattr(flags, "session_present", False))
             post(self._on_event, conn, "connack", reason, session)
 
