@@ -49,7 +49,7 @@ import asyncio
 import datetime as dt  # for classes with a field named datetime
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 
 from ..errors import ResourceStoreError
 from ..model import ChangeType
-from ..sqlitedb import SQLiteWorker, StoreUnavailable
+from ..sqlitedb import SQLiteWorker, StoreUnavailable, select_in, select_rows
 from .storewrites import APPLY, CONFIRM, KEEP, record_many
 
 __all__ = [
@@ -75,7 +75,6 @@ __all__ = [
 T = TypeVar("T")
 
 CACHE_SIZE = 20_000  # resource states kept in memory (~350 bytes each with the key)
-_READ_CHUNK = 500  # locs per SELECT ... IN (...), under SQLite's variable limit
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -164,7 +163,7 @@ def _from_us(value: int) -> datetime:
 _STATE_COLUMNS = "loc, change, datetime_us, seq, sha256, length, applied_us, confirmed"
 
 
-def _state_of(row: tuple[Any, ...]) -> ResourceState:
+def _state_of(row: Sequence[Any]) -> ResourceState:
     """A row of :data:`_STATE_COLUMNS` as a state."""
     loc, change, when, seq, sha256, length, applied, confirmed = row
     return ResourceState(
@@ -251,16 +250,8 @@ class ResourceStore:
     # -- worker-thread functions --------------------------------------------------
 
     def _get_many(self, locs: list[str]) -> dict[str, ResourceState]:
-        found: dict[str, ResourceState] = {}
-        for start in range(0, len(locs), _READ_CHUNK):
-            chunk = locs[start : start + _READ_CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for row in self._sql.db.execute(
-                f"SELECT {_STATE_COLUMNS} FROM resources WHERE loc IN ({marks})", chunk
-            ):
-                state = _state_of(row)
-                found[state.loc] = state
-        return found
+        rows = select_in(self._sql.db, _STATE_COLUMNS, "resources", "loc", locs)
+        return {row[0]: _state_of(row) for row in rows}
 
     def _record_many(self, batch: list[tuple[tuple[Any, ...], int]]) -> list[bool]:
         """Write a batch of rows in one transaction: one fsync for all of them."""
@@ -414,8 +405,7 @@ class ResourceStore:
         db = self._sql.db
         if int(db.execute("SELECT COUNT(*) FROM resources").fetchone()[0]) > limit:
             return None
-        states = (_state_of(row) for row in db.execute(f"SELECT {_STATE_COLUMNS} FROM resources"))
-        return {state.loc: state for state in states}
+        return {row[0]: _state_of(row) for row in select_rows(db, _STATE_COLUMNS, "FROM resources")}
 
     async def preload(self) -> bool:
         """Read every state into the cache if they fill at most half of it; True if so.
@@ -612,11 +602,11 @@ class ResourceStore:
         )
 
     def _held(self, collection: str, before_us: int, unknown_too: bool) -> list[str]:
-        query = (
-            "SELECT loc FROM resources WHERE change != 'deleted' AND datetime_us < ? "
+        where = (
+            "FROM resources WHERE change != 'deleted' AND datetime_us < ? "
             "AND (collection = ?" + (" OR collection IS NULL)" if unknown_too else ")")
         )
-        return [row[0] for row in self._sql.db.execute(query, (before_us, collection))]
+        return [row[0] for row in select_rows(self._sql.db, "loc", where, (before_us, collection))]
 
     async def held(
         self, collection: str, *, before: datetime, unknown_too: bool = False
