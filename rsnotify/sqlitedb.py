@@ -51,10 +51,10 @@ def select_rows(
     once per row read.  Taking it back waits for the loop to yield it, up to
     the interpreter's switch interval (5 ms), whenever the loop is computing
     -- as a Destination's loop does while a walk settles against the store,
-    or push keeps it busy.  10,000 states read a row per step took 16-17 ms
-    alone and 9.9-12.1 s beside a busy thread; as one value, 22-47 ms alone
-    and 52-82 ms beside it.  Every other call on the worker (the group
-    commits push waits for) queues behind such a read.
+    or push keeps it busy.  ``bench.sqlite_gil``: 10,000 states read a row
+    per step took 24-37 ms alone and 3.1-17 s beside a busy thread; as one
+    value, 27-36 ms alone and 41 ms beside it.  Every other call on the
+    worker (the group commits push waits for) queues behind such a read.
 
     So the rows come back as one value, ``json_group_array`` of
     ``json_array(columns)``, built by SQLite and read by :func:`json.loads`:

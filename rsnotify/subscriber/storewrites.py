@@ -41,8 +41,8 @@ __all__ = ["APPLY", "CONFIRM", "KEEP", "ROWS_PER_STATEMENT", "record_many"]
 # statement's parameters is lower: 999 before 3.32, 32,766 after): a
 # 10,000-row batch takes 4 statements per table.  Each statement gives the
 # interpreter lock away and must take it back (see the module's docstring):
-# 40,000 rows beside a busy thread took 2.2 s of wall time at 500 rows per
-# statement, 1.2 s at 3,000 (alone, 0.51-0.63 s either way).
+# in bench.sqlite_gil, 40,000 rows beside a busy thread took 1.56-1.57 s at
+# 500 rows per statement, 0.66-0.77 s at 3,000 (alone 0.29-0.39 s either way).
 ROWS_PER_STATEMENT = 3000
 
 # What a state write does (the second item of every row).
