@@ -1250,6 +1250,37 @@ async def test_abandon_cancels_everything_in_flight_before_a_restart(
     )
 
 
+async def test_cancelling_a_baseline_leaves_the_change_it_waits_for_to_its_owner(
+    env: Env, source: Source
+) -> None:
+    """A baseline waits for its changes one after another.  Cancelled while it waits,
+    it must not cancel the one change it happens to be waiting for while every other
+    goes on: whoever owns the applier abandons them all, or none."""
+    gate = source.gates["/a"] = asyncio.Event()  # hold the first change's fetch
+    source.files["/a"], source.files["/b"] = b"a", b"b"
+    source.files["/resourcelist.xml"] = (
+        '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
+        'xmlns:rs="http://www.openarchives.org/rs/terms/">'
+        '<rs:md capability="resourcelist" at="2026-01-01T00:00:00Z"/>'
+        f"<url><loc>{source.url('/a')}</loc></url><url><loc>{source.url('/b')}</loc></url>"
+        "</urlset>"
+    ).encode()
+    applier = env.applier()
+    running = asyncio.create_task(
+        baseline(env.fetcher, applier, source.url("/resourcelist.xml"), collection="c")
+    )
+    await async_wait_for(lambda: "/a" in source.requests, timeout=10)
+    await async_wait_for(lambda: env.path("/b").exists(), timeout=10)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert applier.pending == 1  # /a: still fetching, not cancelled by the baseline
+    gate.set()
+    await async_wait_for(lambda: applier.pending == 0, timeout=10)
+    assert env.path("/a").read_bytes() == b"a"
+    assert await env.outcomes("/a") == [Outcome.APPLIED]
+
+
 async def test_a_resource_dump_package_off_the_sources_origin_is_not_downloaded(
     env: Env, source: Source, other: Source, tmp_path: Path
 ) -> None:

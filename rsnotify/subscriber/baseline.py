@@ -91,7 +91,10 @@ async def _finish(
 ) -> None:
     total = len(futures)
     for done, (entry, future) in enumerate(futures, start=1):
-        summary.count(entry, await future)
+        # Shielded: cancelling the baseline must not cancel the one change it
+        # happens to wait for while the others go on; its owner abandons them
+        # all or none.
+        summary.count(entry, await asyncio.shield(future))
         progress.update(done, total)
     progress.done()
 
