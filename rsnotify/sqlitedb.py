@@ -58,9 +58,11 @@ def select_rows(
 
     So the rows come back as one value, ``json_group_array`` of
     ``json_array(columns)``, built by SQLite and read by :func:`json.loads`:
-    TEXT, INTEGER and NULL come back as they are (not for BLOB columns).  An
-    SQLite without its JSON functions (before 3.38, or built without them)
-    is read a row per step instead.
+    TEXT, INTEGER and NULL come back as they are (not for BLOB columns).  The
+    text is held until it is read, so a large result (the locs of a mirror's
+    whole collection, at a re-baseline) briefly takes about as much memory
+    again as its rows.  An SQLite without its JSON functions (before 3.38, or
+    built without them) is read a row per step instead.
     """
     if not JSON_ROWS:
         return [list(row) for row in db.execute(f"SELECT {columns} {rest}", args)]
