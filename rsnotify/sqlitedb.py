@@ -64,18 +64,18 @@ def select_rows(
     again as its rows.  An SQLite without its JSON functions (before 3.38, or
     built without them) is read a row per step instead.
     """
-    if not JSON_ROWS:
-        return [list(row) for row in db.execute(f"SELECT {columns} {rest}", args)]
-    try:
-        ((text,),) = db.execute(
-            f"SELECT json_group_array(json_array({columns})) {rest}", args
-        ).fetchall()
-    except sqlite3.OperationalError as exc:
-        if "json" not in str(exc):
-            raise
-        return [list(row) for row in db.execute(f"SELECT {columns} {rest}", args)]
-    rows: list[list[Any]] = json.loads(text)
-    return rows
+    if JSON_ROWS:
+        try:
+            ((text,),) = db.execute(
+                f"SELECT json_group_array(json_array({columns})) {rest}", args
+            ).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "json" not in str(exc):
+                raise
+        else:
+            rows: list[list[Any]] = json.loads(text)
+            return rows
+    return [list(row) for row in db.execute(f"SELECT {columns} {rest}", args)]
 
 
 def select_in(

@@ -219,11 +219,7 @@ class Applier:
                 reuse=reuse,
                 unordered=unordered,
             )
-        if (
-            self.metadata_only
-            and (view.confirmed or view.change is not ChangeType.DELETED)
-            and view.loc not in self._tails
-        ):
+        if self.recordable(view) and view.loc not in self._tails:
             # An unconfirmed deletion takes the per-change path: it asks the Source.
             # So does a later change of its loc while it is there, to come after it.
             future: asyncio.Future[Outcome] = self._submit_record([view], [change], single=True)
