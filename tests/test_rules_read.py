@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError, fields
 from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rsnotify.model import ChangeType, Entry, Link
-from rsnotify.subscriber.rules import read_change, read_changes
+from rsnotify.subscriber.rules import ChangeView, _view, read_change, read_changes
 from rsnotify.subscriber.trust import beyond_skew
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -45,3 +47,18 @@ def test_read_changes_is_read_change_of_each(batch: list[Entry], unordered: bool
     for entry, view in zip(batch, views, strict=True):
         assert view.confirmed is not beyond_skew(view.datetime, NOW, SKEW)
         assert view.datetime == entry.change_time
+
+
+def test_views_made_through_the_slots_equal_views_made_by_init() -> None:
+    """rules._view skips the frozen __init__: every field must land where __init__ puts it."""
+    # A distinct value per field, so a setter wired to the wrong field shows.
+    values = (
+        "http://s/a", ChangeType.DELETED, NOW, 7, {"md5": "ab"}, 3, ("http://m/a",),
+        False, "c1", True, True,
+    )  # fmt: skip
+    assert len(values) == len(fields(ChangeView))
+    made, built = _view(*values), ChangeView(*values)
+    assert made == built
+    assert [getattr(made, f.name) for f in fields(ChangeView)] == list(values)
+    with pytest.raises(FrozenInstanceError):
+        made.loc = "http://s/b"  # type: ignore[misc]

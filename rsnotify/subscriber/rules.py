@@ -17,7 +17,7 @@ The outcomes (:class:`Outcome`) are what the apply log records.
 from __future__ import annotations
 
 import datetime as dt  # for classes with a field named datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -125,6 +125,58 @@ class ChangeView:
         return (self.loc, self.datetime, self.change)
 
 
+def _slot_setter(name: str) -> Callable[[ChangeView, Any], None]:
+    setter: Callable[[ChangeView, Any], None] = ChangeView.__dict__[name].__set__
+    return setter
+
+
+(
+    _set_loc, _set_change, _set_datetime, _set_seq, _set_hashes, _set_length, _set_duplicates,
+    _set_confirmed, _set_collection, _set_reuse, _set_unordered,
+) = map(_slot_setter, (
+    "loc", "change", "datetime", "seq", "hashes", "length", "duplicates",
+    "confirmed", "collection", "reuse", "unordered",
+))  # fmt: skip
+_new = object.__new__
+
+
+def _view(
+    loc: str,
+    change: ChangeType,
+    when: dt.datetime,
+    seq: int | None,
+    hashes: dict[str, str],
+    length: int | None,
+    duplicates: tuple[str, ...],
+    confirmed: bool,
+    collection: str | None,
+    reuse: bool,
+    unordered: bool,
+) -> ChangeView:
+    """``ChangeView(...)``, every field given, made through the slots themselves.
+
+    A frozen dataclass's ``__init__`` sets each field with
+    ``object.__setattr__``: 2.8 us for these eleven against 0.9 us through
+    the slots' own descriptors, and a view is made for every change a
+    Destination reads (50,000 in a catch-up; read on the event loop).  The
+    view is as frozen as any other afterwards.  ``test_rules_read`` holds
+    this to ``ChangeView(...)`` field by field.
+    """
+    view = _new(ChangeView)
+    _set_loc(view, loc)
+    _set_change(view, change)
+    _set_datetime(view, when)
+    _set_seq(view, seq)
+    _set_hashes(view, hashes)
+    _set_length(view, length)
+    _set_duplicates(view, duplicates)
+    _set_confirmed(view, confirmed)
+    _set_collection(view, collection)
+    _set_reuse(view, reuse)
+    _set_unordered(view, unordered)
+    return view
+
+
 def read_change(
     obj: Any,
     *,
@@ -176,18 +228,18 @@ def read_change(
         when, datetime.now(UTC) if now is None else now, max_skew
     ):
         confirmed = False
-    return ChangeView(
-        loc=loc,
-        change=kind,
-        datetime=when,
-        seq=seq if isinstance(seq, int) else None,
-        hashes=parse_hashes(getattr(obj, "hash", None)),
-        length=length,
-        duplicates=tuple(href for _, href in duplicates),
-        confirmed=confirmed,
-        collection=collection,
-        reuse=reuse,
-        unordered=unordered,
+    return _view(
+        loc,
+        kind,
+        when,
+        seq if isinstance(seq, int) else None,
+        parse_hashes(getattr(obj, "hash", None)),
+        length,
+        tuple(href for _, href in duplicates),
+        confirmed,
+        collection,
+        reuse,
+        unordered,
     )
 
 
@@ -250,7 +302,7 @@ def _read_entry(
         raise InvalidChange(f"{loc}: invalid length {length!r}")
     if horizon is not None and when > horizon:  # beyond_skew
         confirmed = False
-    return ChangeView(
+    return _view(
         loc, kind, when, None, parse_hashes(entry.hash), length, (), confirmed, collection,
         reuse, unordered,
     )  # fmt: skip
