@@ -66,18 +66,12 @@ def entry_key(entry: Entry) -> str:
 
 
 def _time_text(when: datetime | None) -> str:
-    """``w3cdt.format(when)``, taking the short way for the UTC times the parser makes.
+    """``w3cdt.format(when)``, "" for no time (an entry without one).
 
-    Digests are persisted in checkpoints, so the text must stay byte for byte
-    what :func:`w3cdt.format` writes; this runs several times per entry of a
-    catch-up, and the general path (convert, strip the zone, format) was a
-    sixth of a 50,000-change catch-up's detection.
+    Digests are persisted in checkpoints: the text is what :func:`w3cdt.format`
+    writes, byte for byte, through its one implementation.
     """
-    if when is None:
-        return ""
-    if when.tzinfo is UTC:
-        return when.isoformat()[:-6] + "Z"  # "+00:00" -> "Z", as w3cdt.format writes it
-    return w3cdt.format(when)
+    return "" if when is None else w3cdt.format(when)
 
 
 def entry_digest(entry: Entry) -> bytes:
@@ -170,16 +164,20 @@ class Known:
 
     def _extended(self, digest: bytes) -> Known:
         """:meth:`add` of a ``digest`` the caller found absent (``digest not in self``)."""
+        # store.end spelled out: this runs once per new entry a Destination
+        # reads, and the property's call was a third of it.
         store = self._store
+        end = store.first + len(store.order)
         if (
-            self._end != store.end  # an older checkpoint branches off: copy its window
+            self._end != end  # an older checkpoint branches off: copy its window
             or digest in store.index  # known once, but fell out of the window
             or len(store.order) >= 2 * MAX_KNOWN  # compact what no window sees any more
         ):
             store = _Store(self)
-        store.index[digest] = store.end
+            end = store.first + len(store.order)
+        store.index[digest] = end
         store.order.append(digest)
-        return Known(store, store.end)
+        return Known(store, end + 1)
 
     def to_text(self) -> str:
         """Base64 of the digests in the order they were consumed (the oldest first)."""

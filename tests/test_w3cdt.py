@@ -10,6 +10,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rsnotify import w3cdt
 from rsnotify.errors import DocumentError, InvalidDatetime, InvalidValue, RsNotifyError
@@ -154,6 +156,36 @@ def test_format_writes_four_digit_years(value: datetime) -> None:
 )
 def test_format_then_parse_is_identity(value: datetime) -> None:
     assert w3cdt.parse(w3cdt.format(value)) == value
+
+
+def _formatted_afresh(value: datetime) -> str:
+    """What format() writes, by the general way (convert, strip the zone, format)."""
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
+
+
+@given(
+    value=st.datetimes(
+        min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)
+    ),
+    fraction=st.sampled_from(["", ".0", ".000000", ".5", ".500000", ".123456", ".1234567"]),
+    zone=st.sampled_from(["Z", "+00:00", "+05:30", "-01:00"]),
+)
+def test_format_of_a_utc_time_takes_a_short_way_to_the_same_text(
+    value: datetime, fraction: str, zone: str
+) -> None:
+    """format()'s short way for UTC times writes what the general way writes.
+
+    From texts in every form (with or without a fraction, in any zone), and
+    the same instant in another zone.
+    """
+    text = f"{value.replace(microsecond=0).isoformat()[:19]}{fraction}{zone}"
+    parsed = w3cdt.parse(text)
+    assert w3cdt.format(parsed) == _formatted_afresh(parsed)
+    assert w3cdt.format(parsed.astimezone(timezone(timedelta(hours=3)))) == _formatted_afresh(
+        parsed
+    )
+    with pytest.raises(ValueError):
+        w3cdt.format(parsed.replace(tzinfo=None))  # naive: refused
 
 
 def test_now_is_aware_utc() -> None:
