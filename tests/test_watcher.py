@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from rsnotify import sitemap
+from rsnotify.changes import listparse
 from rsnotify.changes.access import DirectoryAccess
 from rsnotify.changes.watcher import CollectionWatcher, PollResult
+from rsnotify.errors import DocumentError
 from rsnotify.model import Capability, ChangeType, Document, Entry, Root
 from rsnotify.tracker import Checkpoint
 
@@ -42,13 +44,23 @@ def _source(root: Path) -> None:
     (root / "c1").mkdir(parents=True)
     _changelist(root, "cl1.xml", 0, 2_400, closed=True)
     _changelist(root, "cl2.xml", 2_400, 2_600, closed=False)
+    _index(root, [0, 800])
+
+
+def _index(root: Path, starts: list[int]) -> None:
+    """The Change List Index of cl1, cl2...: list n from ``starts[n-1]`` s, the last open."""
+    ends: list[int | None] = [*starts[1:], None]
     index = Document(
         root=Root.SITEMAPINDEX,
         capability=Capability.CHANGELIST,
         from_=T0,
         entries=[
-            Entry(loc=f"{BASE}cl1.xml", from_=T0, until=T0 + timedelta(seconds=800)),
-            Entry(loc=f"{BASE}cl2.xml", from_=T0 + timedelta(seconds=800)),
+            Entry(
+                loc=f"{BASE}cl{n}.xml",
+                from_=T0 + timedelta(seconds=start),
+                until=None if end is None else T0 + timedelta(seconds=end),
+            )
+            for n, (start, end) in enumerate(zip(starts, ends, strict=True), start=1)
         ],
     )
     (root / "c1" / "changelist.xml").write_bytes(sitemap.serialize(index))
@@ -70,6 +82,17 @@ async def _poll_to_the_end(watcher: CollectionWatcher, limit: int) -> list[PollR
     results = []
     while True:
         result = await watcher.poll(limit)
+        results.append(result)
+        watcher.commit(result.checkpoint)
+        if not result.more:
+            return results
+
+
+async def _poll_by_lists(watcher: CollectionWatcher) -> list[PollResult]:
+    """Poll a list at a time (``lists=1``, a Destination's walk) until a pass ends."""
+    results = []
+    while True:
+        result = await watcher.poll(lists=1)
         results.append(result)
         watcher.commit(result.checkpoint)
         if not result.more:
@@ -119,13 +142,7 @@ async def test_a_poll_by_lists_hands_out_whole_lists_once_in_order(tmp_path: Pat
     _source(tmp_path)
     whole = await _watcher(tmp_path).poll()
     watcher = _watcher(tmp_path)
-    results = []
-    while True:
-        result = await watcher.poll(lists=1)
-        results.append(result)
-        watcher.commit(result.checkpoint)
-        if not result.more:
-            break
+    results = await _poll_by_lists(watcher)
     assert [[d.changelist for d in r.detections] for r in results] == [
         [f"{BASE}cl1.xml"],
         [f"{BASE}cl2.xml"],
@@ -143,10 +160,12 @@ async def test_large_lists_and_fragments_are_parsed_off_the_loop(
     """A walk that follows push reads ~1,000 entries at once: parsing them held the loop.
 
     Lists read whole and appended fragments of 64 KB and up are parsed in a
-    worker thread; small fragments in place; a poll with an entry limit
+    worker thread (processes off: see test_listparse for the worker process);
+    small fragments in place; a poll with an entry limit
     (the publisher's) parses as it consumes, on the loop, never holding the
     whole list.
     """
+    listparse.configure(0)  # parsed in this process, where the reader is patched
     _source(tmp_path)
     threads: list[int] = []
 
@@ -186,6 +205,7 @@ async def test_a_list_closed_since_the_last_poll_is_parsed_from_its_known_end(
     A walk that follows push meets that at nearly every list end, and parsed
     again the thousand entries it had consumed.
     """
+    listparse.configure(0)  # parsed in this process, where the reader is patched
     _source(tmp_path)
     watcher = _watcher(tmp_path)
     watcher.commit((await watcher.poll()).checkpoint)
@@ -206,3 +226,47 @@ async def test_a_list_closed_since_the_last_poll_is_parsed_from_its_known_end(
     assert result.full_reads == 0 and result.bytes_read > whole  # the range, then the whole list
     assert len(parsed) == 1 and parsed[0] < 4_000, f"parsed {parsed} bytes of {whole}"
     assert (await watcher.poll()).count == 0
+
+
+def _three_lists(root: Path, *, second_broken: bool) -> None:
+    """cl1 and cl2 closed, cl3 open; cl2 cut short (not well-formed) if ``second_broken``."""
+    (root / "c1").mkdir(parents=True, exist_ok=True)
+    _changelist(root, "cl1.xml", 0, 600, closed=True)
+    _changelist(root, "cl2.xml", 600, 600, closed=True)
+    _changelist(root, "cl3.xml", 1_200, 600, closed=False)
+    if second_broken:
+        cl2 = root / "c1" / "cl2.xml"
+        cl2.write_bytes(cl2.read_bytes()[:-300])
+    _index(root, [0, 200, 400])
+
+
+async def test_lists_read_ahead_of_a_failed_one_are_read_again_whole(tmp_path: Path) -> None:
+    """A walk reads lists ahead of the one it detects (READ_AHEAD); a failure drops them.
+
+    cl3 is read ahead (its validators remembered) while cl1 is handed out;
+    cl2 then fails.  If cl3's validators survived, the next pass would get
+    "not modified" for it and never see its 600 entries.
+    """
+    _three_lists(tmp_path, second_broken=True)
+    watcher = _watcher(tmp_path)
+    first = await watcher.poll(lists=1)
+    assert first.more and [d.changelist for d in first.detections] == [f"{BASE}cl1.xml"]
+    watcher.commit(first.checkpoint)
+    with pytest.raises(DocumentError):
+        await watcher.poll(lists=1)  # cl2, read ahead, is not well-formed
+    _changelist(tmp_path, "cl2.xml", 600, 600, closed=True)  # the Source mends it
+    results = await _poll_to_the_end(watcher, 10_000)
+    found = [e for r in results for d in r.detections for e in d.entries]
+    assert len(found) == 1_200
+    assert [e.loc for e in found] == [f"http://source.example/r{i % 97}" for i in range(600, 1_800)]
+
+
+async def test_a_walk_by_lists_reads_ahead_and_counts_each_read_once(tmp_path: Path) -> None:
+    """The bytes and reads of lists read ahead are counted in the poll that hands them out."""
+    _three_lists(tmp_path, second_broken=False)
+    sizes = [(tmp_path / "c1" / f"cl{n}.xml").stat().st_size for n in (1, 2, 3)]
+    watcher = _watcher(tmp_path)
+    results = await _poll_by_lists(watcher)
+    assert [r.count for r in results] == [600, 600, 600]
+    assert [r.full_reads for r in results] == [1, 1, 1]
+    assert [r.bytes_read for r in results] == sizes

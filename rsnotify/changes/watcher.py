@@ -41,15 +41,21 @@ from ..tracker import (
     lists_to_read,
     starting_point,
 )
+from . import listparse
 from .access import DocumentAccess, Fetched
 from .incremental import TailState, fragment, regrown, scan
 
 log = logging.getLogger("rsnotify.publish")
-# A list or appended fragment of this size (about 150 entries) and up is parsed in a
-# worker thread (see _parsed); a whole list beyond the second bound is parsed as it
-# is consumed, on the loop, so that its entries are never all held at once.
+# A list or appended fragment of this size (about 150 entries) and up is parsed off
+# the loop (see _parsed); a whole list beyond the second bound is parsed as it is
+# consumed, on the loop, so that its entries are never all held at once.
 THREADED_BYTES = 64 * 1024
 THREADED_MAX_BYTES = 8 * 1024 * 1024
+# Lists a pass that reads lists whole (a Destination's walk) reads and parses ahead of
+# the one it detects: the parse of the next runs in the worker process
+# (listparse) while the loop detects and applies this one.  Two, not one: a
+# list's parse took a little longer than the loop's work on the one before.
+READ_AHEAD = 2
 # Entries a pass without a limit (a Destination's walk) detects between two looks at
 # the loop: see _detect_sliced.
 DETECT_SLICE = 250
@@ -126,6 +132,10 @@ class _Pass:
     changelist: str | None = None  # the list being read, with the rest of its entries
     entries: Iterator[Entry] | None = None
     adopt: bool = False  # an in-order checkpoint to turn unordered on the first list read
+    # Lists of ``refs`` read ahead (READ_AHEAD), by URL, each with its own byte counts.
+    ahead: dict[str, tuple[asyncio.Task[Iterator[Entry] | None], PollResult]] = field(
+        default_factory=dict
+    )
 
 
 class CollectionWatcher:
@@ -209,19 +219,50 @@ class CollectionWatcher:
 
     def reset(self, checkpoint: Checkpoint) -> None:
         """Forget cached reads (after a log conflict or a restart of the Source)."""
+        if self._pass is not None:
+            self._abandon(self._pass)
         self.checkpoint = checkpoint
         self._index_state = _ListState()
         self._lists.clear()
         self._pass = None
+
+    def _abandon(self, work: _Pass) -> None:
+        """Drop what ``work`` read ahead and never handed out.
+
+        Reading a list remembers its validators and tail (the next read is
+        conditional, ranged): a list read ahead but never detected must be
+        read whole again, or a ``304`` would hide its entries.
+        """
+        for url, (task, _) in work.ahead.items():
+            task.cancel()
+            self._lists.pop(url, None)
+        work.ahead.clear()
+
+    def _read_ahead(self, work: _Pass) -> None:
+        """Start reading (and parsing) the next :data:`READ_AHEAD` lists of ``work``."""
+        for ref in work.refs[:READ_AHEAD]:
+            if ref.url not in work.ahead:
+                counts = PollResult()
+                task = asyncio.ensure_future(
+                    self._read_list(ref.url, counts, work.prefetched.get(ref.url), whole=True)
+                )
+                # Its error, if any, is raised when the list's turn comes (or dropped
+                # with the pass): never reported as an exception nobody retrieved.
+                task.add_done_callback(_retrieve)
+                work.ahead[ref.url] = (task, counts)
 
     # -- reading -----------------------------------------------------------------
 
     def _entries(self, body: bytes, url: str) -> Iterator[Entry]:
         reader = sitemap.DocumentReader(body, limits=self.limits)
         yield from reader
-        if reader.unordered:
+        self._report(url, reader.unordered, reader.warnings)
+
+    def _report(self, url: str, unordered: int, warnings: list[str]) -> None:
+        """What the reader of ``url`` noticed: order (for the caller), relaxed rules (logged)."""
+        if unordered:
             self.unordered_lists.add(url)
-        for warning in reader.warnings:
+        for warning in warnings:
             # Each kind once per list at warning level: an open list is read on every change.
             kind = (url, _LINE.sub("", warning).split(":")[0])
             level = logging.DEBUG if kind in self._warned else logging.WARNING
@@ -229,19 +270,22 @@ class CollectionWatcher:
             log.log(level, "%s: %s: %s", self.collection, url, warning)
 
     async def _parsed(self, document: bytes, url: str) -> list[Entry]:
-        """Every entry of ``document``; a large one parsed in a worker thread.
+        """Every entry of ``document``; a large one parsed off the loop.
 
         A Destination's walk that follows push reads a thousand new entries
         at once (~0.4 MB, 10-20 ms of parsing): on the loop, every
-        notification waited for it.  In a thread the loop gets the
-        interpreter back within its switch interval.  The reader is built and
-        drained in that one thread (an lxml parser driven from two threads
-        crashed, see :mod:`.snapshotwatch`).  The usual fragment, a few
-        entries, is parsed in place: the hop would cost more than the parse.
+        notification waited for it.  Off the loop (:func:`listparse.parse_whole`:
+        in the worker process, else a thread, where the reader is built and
+        drained in that one thread: an lxml parser driven from two threads
+        crashed, see :mod:`.snapshotwatch`) the loop goes on meanwhile.  The
+        usual fragment, a few entries, is parsed in place: the hop would cost
+        more than the parse.
         """
         if len(document) < THREADED_BYTES:
             return list(self._entries(document, url))
-        return await asyncio.to_thread(lambda: list(self._entries(document, url)))
+        parsed = await listparse.parse_whole(document, self.limits)
+        self._report(url, parsed.unordered, parsed.warnings)
+        return parsed.entries
 
     async def _read_list(
         self, url: str, result: PollResult, prefetched: Fetched | None, *, whole: bool = False
@@ -390,6 +434,16 @@ class CollectionWatcher:
             self._check_coverage(current)
             work = _Pass(lists_to_read(self._refs, current), current, prefetched, adopt=adopt)
         self._pass = None  # set again only if this pass stops at its limit
+        try:
+            return await self._poll(work, result, limit, lists)
+        except BaseException:
+            self._abandon(work)
+            raise
+
+    async def _poll(
+        self, work: _Pass, result: PollResult, limit: int | None, lists: int | None
+    ) -> PollResult:
+        """:meth:`poll`'s pass over the lists of ``work``."""
         budget = limit
         read = 0  # whole lists read by this call
         while True:
@@ -397,13 +451,22 @@ class CollectionWatcher:
                 if not work.refs:
                     break
                 ref = work.refs.pop(0)
+                ahead = work.ahead.pop(ref.url, None)
                 try:
-                    entries = await self._read_list(
-                        ref.url, result, work.prefetched.get(ref.url), whole=limit is None
-                    )
+                    if ahead is not None:
+                        reading, counts = ahead
+                        entries = await reading
+                        result.bytes_read += counts.bytes_read
+                        result.full_reads += counts.full_reads
+                    else:
+                        entries = await self._read_list(
+                            ref.url, result, work.prefetched.get(ref.url), whole=limit is None
+                        )
                 except DocumentError:
                     self._lists.pop(ref.url, None)  # read it whole next time
                     raise
+                if limit is None:
+                    self._read_ahead(work)
                 if entries is None:
                     continue
                 if work.adopt:  # seed the memory from the first list actually read
@@ -443,6 +506,12 @@ class CollectionWatcher:
             current = current.with_validators(state.etag, state.last_modified)
         result.checkpoint = current
         return result
+
+
+def _retrieve(task: asyncio.Task[Iterator[Entry] | None]) -> None:
+    """Take an abandoned read's outcome, so that its error is not reported as lost."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _detect_sliced(entries: Iterator[Entry], changelist: str, start: Checkpoint) -> Detection:

@@ -129,6 +129,13 @@ OPTIONS = Options(
         "journal, and helped at ~1,000 changes/s with one (bench/README.md); files then "
         "take the state directory's SELinux label, default ACL and group (default: off)",
     ),
+    option(
+        "--parse-processes",
+        type=argtypes.nonneg_int,
+        metavar="N",
+        help="worker processes that parse the Change Lists a catch-up reads, beside the "
+        "event loop; 0: parse in a thread (default: 1 where there is a second core)",
+    ),
     flag("--once", help="catch up to the Source's current state and exit"),
     option(
         "--heartbeat-timeout",

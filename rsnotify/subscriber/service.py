@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 from .. import discovery, sitemap, w3cdt
 from ..backoff import Backoff
+from ..changes import listparse
 from ..changes.access import HttpAccess
 from ..changes.snapshotblobs import DirectoryBlobs
 from ..changes.snapshotwatch import SnapshotWatcher
@@ -78,6 +79,9 @@ class SubscriberConfig:
     concurrency: int = 16
     metadata_only: bool = False
     spare_inodes: bool = False  # --spare-inodes: reuse retired inodes (rsnotify.spare)
+    # --parse-processes: Change Lists parsed in worker processes (rsnotify.changes.listparse);
+    # None: one where there is a second core.  For this whole process.
+    parse_processes: int | None = None
     once: bool = False
     heartbeat_timeout: float = 30.0
     safety_poll: float = 300.0
@@ -167,6 +171,11 @@ class Subscriber:
         self, config: SubscriberConfig, *, on_live: Callable[[], None] | None = None
     ) -> None:
         self.config = config
+        listparse.configure(
+            listparse.default_processes()
+            if config.parse_processes is None
+            else config.parse_processes
+        )
         # Called each time a collection goes live (its baseline and catch-up done):
         # the command's rsnotify.runtime.settle_gc.
         self.on_live = on_live
