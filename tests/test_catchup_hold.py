@@ -50,9 +50,11 @@ async def test_a_walk_records_in_transactions_of_the_batch_size(
 
             monkeypatch.setattr(store, "record_rows", counted)
             baseline = len(await _recorded(engine))
+            counted_before = engine.stats.applied
             changes = [source.change(f"f{i}.txt", b"x" * i) for i in range(CHANGES)]
             await engine.catch_up(Gap("test"))
             assert written == [BATCH, BATCH, BATCH, CHANGES - 3 * BATCH]  # the rest at the end
+            assert engine.stats.applied - counted_before == CHANGES  # each batch's count
             recorded = (await _recorded(engine))[baseline:]
             assert [loc for loc, _ in recorded] == [c.loc for c in changes]
             assert engine.applied == engine.watcher.checkpoint  # the cursor passed them all
