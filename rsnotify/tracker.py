@@ -587,7 +587,12 @@ class Detection:
 
 
 def detect(
-    entries: Iterable[Entry], changelist: str, checkpoint: Checkpoint, *, limit: int | None = None
+    entries: Iterable[Entry],
+    changelist: str,
+    checkpoint: Checkpoint,
+    *,
+    limit: int | None = None,
+    digests: Iterator[bytes] | None = None,
 ) -> Detection:
     """Filter one list's entries down to those after ``checkpoint``.
 
@@ -597,10 +602,14 @@ def detect(
     With ``limit``, stop right after that many new entries: an iterator is
     left just past the last one, so a caller can resume from it and start
     logging the first part of a long list while the rest is still unread.
+    ``digests``: :func:`entry_digest` of each entry, in step with ``entries``
+    (one taken per entry taken), computed already (in the parser's process,
+    :mod:`rsnotify.changes.listparse`); an unordered checkpoint needs them,
+    an ordered one ignores them.
     """
     found = Detection(changelist=changelist)
     if checkpoint.known is not None:
-        _detect_unordered(entries, changelist, checkpoint, limit, found)
+        _detect_unordered(entries, changelist, checkpoint, limit, found, digests)
         return found
     current = checkpoint
     for entry in entries:
@@ -621,6 +630,7 @@ def _detect_unordered(
     checkpoint: Checkpoint,
     limit: int | None,
     found: Detection,
+    digests: Iterator[bytes] | None = None,
 ) -> None:
     """:func:`detect` for an unordered checkpoint: ``is_new`` and ``advance`` folded.
 
@@ -640,10 +650,11 @@ def _detect_unordered(
     positions = found.checkpoints = Positions(base=(changelist, etag, last_modified))
     add_entry, add_step = found.entries.append, positions._items.append
     count = 0
+    given = None if digests is None else digests.__next__
     for entry in entries:
         key = entry_key(entry)
         when = entry.change_time
-        digest = _digest(key, when)
+        digest = _digest(key, when) if given is None else given()
         if digest in known:
             continue
         known = known._extended(digest)

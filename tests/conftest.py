@@ -152,3 +152,25 @@ def rsnotify_process(
         return process_factory(rsnotify_command(*args), name=label, env=env, cwd=cwd, start=start)
 
     return run
+
+
+@pytest.fixture
+def parser_process() -> Iterator[None]:
+    """The Change List parser's worker process, started afresh and ready; threads after.
+
+    (``rsnotify.changes.listparse`` is process-wide: an in-process
+    Subscriber of an earlier test may have started one.)
+    """
+    import time
+
+    from rsnotify.changes import listparse
+
+    listparse.configure(0)
+    listparse.configure(1)
+    assert not listparse.ready()  # the first call starts it, without waiting for it
+    deadline = time.monotonic() + 60
+    while not listparse.ready():
+        assert time.monotonic() < deadline, "the parser process did not start within 60 s"
+        time.sleep(0.01)
+    yield
+    listparse.configure(0)

@@ -6,9 +6,7 @@ import asyncio
 import logging
 import os
 import pickle
-import time
-from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +16,7 @@ from rsnotify import sitemap
 from rsnotify.changes import listparse
 from rsnotify.errors import DocumentError, MalformedXML
 from rsnotify.model import Capability, ChangeType, Document, Entry, Link, Root
+from rsnotify.tracker import entry_digest
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -48,20 +47,6 @@ def _document(count: int = 300) -> bytes:
 LENIENT = sitemap.Limits(lenient=frozenset({sitemap.Lenient.ORDER}))
 
 
-@pytest.fixture
-def worker() -> Iterator[None]:
-    """The worker process, started afresh and ready; threads again afterwards."""
-    listparse.configure(0)  # an in-process Subscriber of an earlier test may have started one
-    listparse.configure(1)
-    assert not listparse.ready()  # the first call starts it, without waiting for it
-    deadline = time.monotonic() + 60
-    while not listparse.ready():
-        assert time.monotonic() < deadline, "the parser process did not start within 60 s"
-        time.sleep(0.01)
-    yield
-    listparse.configure(0)
-
-
 def test_an_entry_pickles_as_itself_every_field_included() -> None:
     """Entry.__reduce__ lists the fields positionally: one out of place would move a value."""
     values: dict[str, Any] = {
@@ -81,7 +66,7 @@ def test_an_entry_pickles_as_itself_every_field_included() -> None:
 
 
 async def test_the_worker_parses_what_a_thread_parses(
-    worker: None, monkeypatch: pytest.MonkeyPatch
+    parser_process: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     body = _document()
     expected = listparse.parse_list(body, LENIENT)
@@ -95,13 +80,16 @@ async def test_the_worker_parses_what_a_thread_parses(
 
     # Patched in this process only: a parse in the worker does not see it.
     monkeypatch.setattr(sitemap, "DocumentReader", Recording)
-    parsed = await listparse.parse_whole(body, LENIENT)
+    parsed = await listparse.parse_whole(body, LENIENT, digests=True)
     assert here == [], "parsed in this process, not in the worker"
-    assert parsed == expected
+    assert parsed.digests == [entry_digest(e) for e in expected.entries]
+    assert replace(parsed, digests=None) == expected
     assert [e.line for e in parsed.entries] == [e.line for e in expected.entries]
 
 
-async def test_a_refused_document_raises_the_same_error_from_the_worker(worker: None) -> None:
+async def test_a_refused_document_raises_the_same_error_from_the_worker(
+    parser_process: None,
+) -> None:
     body = _document()[:-200]  # truncated: not well-formed
     with pytest.raises(MalformedXML) as here:
         listparse.parse_list(body, LENIENT)
@@ -117,7 +105,7 @@ async def test_a_refused_document_raises_the_same_error_from_the_worker(worker: 
 
 
 async def test_a_dead_worker_leaves_the_list_to_a_thread(
-    worker: None, caplog: pytest.LogCaptureFixture
+    parser_process: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Killed (out of memory, say): the list is parsed in a thread, and the next ones too."""
     pool = listparse._pool

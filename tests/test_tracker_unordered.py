@@ -271,6 +271,33 @@ def test_detect_unordered_takes_the_same_decisions_as_is_new_and_advance(
     assert [c.to_json() for c in found.checkpoints] == [c.to_json() for _, c in expected]
 
 
+@pytest.mark.parametrize("limit", [None, 9])
+def test_detect_takes_digests_computed_elsewhere_in_step_with_the_entries(
+    limit: int | None,
+) -> None:
+    """A list parsed in the worker process comes with its digests: detect uses them.
+
+    Given the true digests, the same detection; given other ones, the
+    decisions follow them (so they are used, not computed again), and with
+    a limit exactly one digest is taken per entry taken.
+    """
+    listed = [
+        Entry(loc=f"r{i % 7}", change=ChangeType.UPDATED, datetime=T0 + timedelta(seconds=i))
+        for i in range(20)
+    ]
+    start = Checkpoint(changelist="L", started=True, known=Known.of())
+    plain = detect(listed, "L", start, limit=limit)
+    digests = iter([entry_digest(e) for e in listed])
+    given = detect(iter(listed), "L", start, limit=limit, digests=digests)
+    assert given.entries == plain.entries
+    assert [c.to_json() for c in given.checkpoints] == [c.to_json() for c in plain.checkpoints]
+    if limit is not None:
+        assert next(digests) == entry_digest(listed[limit])  # in step: the next is unread
+    # Every entry given the first one's digest: only the first is new.
+    same = detect(listed, "L", start, digests=iter([entry_digest(listed[0])] * len(listed)))
+    assert same.entries == [listed[0]]
+
+
 def test_positions_read_in_any_order_are_the_checkpoints_of_advance() -> None:
     """Detection.checkpoints makes each unordered checkpoint when read: any index, slice, order."""
     listed = [

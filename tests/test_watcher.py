@@ -270,3 +270,31 @@ async def test_a_walk_by_lists_reads_ahead_and_counts_each_read_once(tmp_path: P
     assert [r.count for r in results] == [600, 600, 600]
     assert [r.full_reads for r in results] == [1, 1, 1]
     assert [r.bytes_read for r in results] == sizes
+
+
+async def test_a_walk_parsed_in_the_worker_process_detects_what_a_thread_detects(
+    tmp_path: Path, parser_process: None
+) -> None:
+    """Entries and their digests from the worker (lenient order: an unordered checkpoint)."""
+    _three_lists(tmp_path, second_broken=False)
+    lenient = sitemap.Limits(lenient=frozenset({sitemap.Lenient.ORDER}))
+
+    def walker() -> CollectionWatcher:
+        return CollectionWatcher(
+            access=DirectoryAccess(tmp_path),
+            collection="c1",
+            capability_list=f"{BASE}capabilitylist.xml",
+            changelist_url=f"{BASE}changelist.xml",
+            checkpoint=Checkpoint(started=True),
+            from_beginning=True,
+            limits=lenient,
+        )
+
+    there = await _poll_by_lists(walker())
+    listparse.configure(0)
+    here = await _poll_by_lists(walker())
+    assert [r.count for r in there] == [600, 600, 600]
+    assert [[e for d in r.detections for e in d.entries] for r in there] == [
+        [e for d in r.detections for e in d.entries] for r in here
+    ]
+    assert [r.checkpoint.to_json() for r in there] == [r.checkpoint.to_json() for r in here]

@@ -14,6 +14,13 @@ read in document order and the checkpoint is unordered (it remembers the
 identities it consumed, :mod:`rsnotify.tracker`): every entry is published
 once, in the order the Source lists it, however the list grows, is regrouped
 or replaced.  Each list read out of order is reported once, as a warning.
+
+Why one module of ~560 lines: most of it is one class whose reads and passes
+share one per-list state (validators, known tails, the lists a pass read
+ahead), and that state's consistency is the point: a list read (ahead or not)
+but never handed out must lose its validators, or the next conditional read
+hides its entries.  Parsing off the loop is in :mod:`.listparse`, appended
+bytes in :mod:`.incremental`.
 """
 
 from __future__ import annotations
@@ -122,6 +129,11 @@ class ChangeWatcher(Protocol):
     async def poll(self, limit: int | None = None, *, lists: int | None = None) -> PollResult: ...
 
 
+# What reading a list gives: its entries, and their tracker.entry_digest in step when
+# the parser computed them (a list parsed off the loop, for an unordered checkpoint).
+_Listed = tuple[Iterator[Entry], Iterator[bytes] | None]
+
+
 @dataclass(slots=True)
 class _Pass:
     """A detection pass cut short at its entry limit, resumed by the next poll."""
@@ -131,11 +143,10 @@ class _Pass:
     prefetched: dict[str, Fetched]
     changelist: str | None = None  # the list being read, with the rest of its entries
     entries: Iterator[Entry] | None = None
+    digests: Iterator[bytes] | None = None  # of those entries, in step, if the parser made them
     adopt: bool = False  # an in-order checkpoint to turn unordered on the first list read
     # Lists of ``refs`` read ahead (READ_AHEAD), by URL, each with its own byte counts.
-    ahead: dict[str, tuple[asyncio.Task[Iterator[Entry] | None], PollResult]] = field(
-        default_factory=dict
-    )
+    ahead: dict[str, tuple[asyncio.Task[_Listed | None], PollResult]] = field(default_factory=dict)
 
 
 class CollectionWatcher:
@@ -269,7 +280,7 @@ class CollectionWatcher:
             self._warned.add(kind)
             log.log(level, "%s: %s: %s", self.collection, url, warning)
 
-    async def _parsed(self, document: bytes, url: str) -> list[Entry]:
+    async def _parsed(self, document: bytes, url: str) -> _Listed:
         """Every entry of ``document``; a large one parsed off the loop.
 
         A Destination's walk that follows push reads a thousand new entries
@@ -279,17 +290,19 @@ class CollectionWatcher:
         drained in that one thread: an lxml parser driven from two threads
         crashed, see :mod:`.snapshotwatch`) the loop goes on meanwhile.  The
         usual fragment, a few entries, is parsed in place: the hop would cost
-        more than the parse.
+        more than the parse.  Off the loop the parser also digests each entry
+        for an unordered checkpoint's detection.
         """
         if len(document) < THREADED_BYTES:
-            return list(self._entries(document, url))
-        parsed = await listparse.parse_whole(document, self.limits)
+            return self._entries(document, url), None
+        parsed = await listparse.parse_whole(document, self.limits, digests=self.unordered)
         self._report(url, parsed.unordered, parsed.warnings)
-        return parsed.entries
+        digests = None if parsed.digests is None else iter(parsed.digests)
+        return iter(parsed.entries), digests
 
     async def _read_list(
         self, url: str, result: PollResult, prefetched: Fetched | None, *, whole: bool = False
-    ) -> Iterator[Entry] | None:
+    ) -> _Listed | None:
         """New-looking entries of one list (None: unchanged since the last read).
 
         ``whole``: the caller consumes every entry of the list at once (no
@@ -323,14 +336,14 @@ class CollectionWatcher:
                 piece = regrown(state.tail, fetched.body)  # closed: only its header changed
             if piece is not None:
                 document, tail = piece
-                entries = await self._parsed(document, url)  # parse before moving on
+                listed = await self._parsed(document, url)  # parse before moving on
                 state.tail = tail
-                return iter(entries)
+                return listed
         result.full_reads += 1
         state.tail = scan(fetched.body)
         if whole and THREADED_BYTES <= len(fetched.body) <= THREADED_MAX_BYTES:
-            return iter(await self._parsed(fetched.body, url))
-        return self._entries(fetched.body, url)
+            return await self._parsed(fetched.body, url)
+        return self._entries(fetched.body, url), None
 
     async def _refresh_index(self) -> dict[str, Fetched]:
         """Update the list of Change Lists; returns bodies already read (single-list case)."""
@@ -425,9 +438,9 @@ class CollectionWatcher:
             if not self.checkpoint.started and not self.from_beginning:
                 # First run: start at the current end; Destinations baseline from the Resource List.
                 newest = self._refs[-1]
-                entries = await self._read_list(newest.url, result, prefetched.get(newest.url))
+                listed = await self._read_list(newest.url, result, prefetched.get(newest.url))
                 result.checkpoint = starting_point(
-                    entries or (), newest.url, unordered=self.unordered
+                    listed[0] if listed else (), newest.url, unordered=self.unordered
                 )
                 return result
             current, adopt = self._in_mode(self.checkpoint)
@@ -455,11 +468,11 @@ class CollectionWatcher:
                 try:
                     if ahead is not None:
                         reading, counts = ahead
-                        entries = await reading
+                        listed = await reading
                         result.bytes_read += counts.bytes_read
                         result.full_reads += counts.full_reads
                     else:
-                        entries = await self._read_list(
+                        listed = await self._read_list(
                             ref.url, result, work.prefetched.get(ref.url), whole=limit is None
                         )
                 except DocumentError:
@@ -467,19 +480,28 @@ class CollectionWatcher:
                     raise
                 if limit is None:
                     self._read_ahead(work)
-                if entries is None:
+                if listed is None:
                     continue
+                entries, digests = listed
                 if work.adopt:  # seed the memory from the first list actually read
-                    listed = list(entries)
-                    work.current = adopt_unordered(work.current, listed)
-                    work.adopt, entries = False, iter(listed)
-                work.changelist, work.entries = ref.url, entries
+                    held = list(entries)
+                    work.current = adopt_unordered(work.current, held)
+                    work.adopt, entries = False, iter(held)
+                work.changelist, work.entries, work.digests = ref.url, entries, digests
             assert work.changelist is not None
             try:
                 if budget is None:
-                    found = await _detect_sliced(work.entries, work.changelist, work.current)
+                    found = await _detect_sliced(
+                        work.entries, work.changelist, work.current, work.digests
+                    )
                 else:
-                    found = detect(work.entries, work.changelist, work.current, limit=budget)
+                    found = detect(
+                        work.entries,
+                        work.changelist,
+                        work.current,
+                        limit=budget,
+                        digests=work.digests,
+                    )
             except DocumentError:
                 self._lists.pop(work.changelist, None)
                 raise
@@ -493,7 +515,7 @@ class CollectionWatcher:
                     result.more = True
                     result.checkpoint = work.current
                     return result
-            work.entries = None
+            work.entries = work.digests = None
             read += 1
             if lists is not None and read >= lists and work.refs:
                 self._pass = work
@@ -508,13 +530,18 @@ class CollectionWatcher:
         return result
 
 
-def _retrieve(task: asyncio.Task[Iterator[Entry] | None]) -> None:
+def _retrieve(task: asyncio.Task[_Listed | None]) -> None:
     """Take an abandoned read's outcome, so that its error is not reported as lost."""
     if not task.cancelled():
         task.exception()
 
 
-async def _detect_sliced(entries: Iterator[Entry], changelist: str, start: Checkpoint) -> Detection:
+async def _detect_sliced(
+    entries: Iterator[Entry],
+    changelist: str,
+    start: Checkpoint,
+    digests: Iterator[bytes] | None = None,
+) -> Detection:
     """:func:`detect` of what ``entries`` holds, :data:`DETECT_SLICE` entries at a time.
 
     A Destination's walk detects whole lists: at 200 changes/s, a walk
@@ -529,7 +556,7 @@ async def _detect_sliced(entries: Iterator[Entry], changelist: str, start: Check
     current = start
     while True:
         chunk = list(itertools.islice(entries, DETECT_SLICE))
-        part = detect(chunk, changelist, current)
+        part = detect(chunk, changelist, current, digests=digests)
         if part.entries:
             found.entries += part.entries
             found.checkpoints.extend(part.checkpoints)
