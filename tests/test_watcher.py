@@ -66,7 +66,7 @@ def _index(root: Path, starts: list[int]) -> None:
     (root / "c1" / "changelist.xml").write_bytes(sitemap.serialize(index))
 
 
-def _watcher(root: Path) -> CollectionWatcher:
+def _watcher(root: Path, limits: sitemap.Limits = sitemap.DEFAULT_LIMITS) -> CollectionWatcher:
     return CollectionWatcher(
         access=DirectoryAccess(root),
         collection="c1",
@@ -74,6 +74,7 @@ def _watcher(root: Path) -> CollectionWatcher:
         changelist_url=f"{BASE}changelist.xml",
         checkpoint=Checkpoint(started=True),
         from_beginning=True,
+        limits=limits,
     )
 
 
@@ -278,21 +279,9 @@ async def test_a_walk_parsed_in_the_worker_process_detects_what_a_thread_detects
     """Entries and their digests from the worker (lenient order: an unordered checkpoint)."""
     _three_lists(tmp_path, second_broken=False)
     lenient = sitemap.Limits(lenient=frozenset({sitemap.Lenient.ORDER}))
-
-    def walker() -> CollectionWatcher:
-        return CollectionWatcher(
-            access=DirectoryAccess(tmp_path),
-            collection="c1",
-            capability_list=f"{BASE}capabilitylist.xml",
-            changelist_url=f"{BASE}changelist.xml",
-            checkpoint=Checkpoint(started=True),
-            from_beginning=True,
-            limits=lenient,
-        )
-
-    there = await _poll_by_lists(walker())
+    there = await _poll_by_lists(_watcher(tmp_path, lenient))
     listparse.configure(0)
-    here = await _poll_by_lists(walker())
+    here = await _poll_by_lists(_watcher(tmp_path, lenient))
     assert [r.count for r in there] == [600, 600, 600]
     assert [[e for d in r.detections for e in d.entries] for r in there] == [
         [e for d in r.detections for e in d.entries] for r in here
