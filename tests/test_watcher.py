@@ -287,3 +287,38 @@ async def test_a_walk_parsed_in_the_worker_process_detects_what_a_thread_detects
         [e for d in r.detections for e in d.entries] for r in here
     ]
     assert [r.checkpoint.to_json() for r in there] == [r.checkpoint.to_json() for r in here]
+
+
+async def test_only_a_pass_over_several_lists_goes_to_the_worker_process(
+    tmp_path: Path, parser_process: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catch-up's lists go to the worker; a walk that follows push stays here.
+
+    The reader is patched in this process only: what it records was parsed
+    here, what it misses in the worker.  A pass over two lists (the one that
+    just closed and the open one) is a walk that follows push.
+    """
+    _three_lists(tmp_path, second_broken=False)
+    parsed: list[int] = []
+
+    class Recording(sitemap.DocumentReader):
+        def __init__(self, source: bytes, *args: Any, **kwargs: Any) -> None:
+            parsed.append(len(source))
+            super().__init__(source, *args, **kwargs)
+
+    monkeypatch.setattr(sitemap, "DocumentReader", Recording)
+    watcher = _watcher(tmp_path)
+    index = (tmp_path / "c1" / "changelist.xml").stat().st_size
+    results = await _poll_by_lists(watcher)
+    assert [r.count for r in results] == [600, 600, 600]
+    assert parsed == [index]  # the index here; cl1, then cl2 and cl3 read ahead, in the worker
+    parsed.clear()
+    _changelist(tmp_path, "cl3.xml", 1_200, 1_400, closed=False)  # 800 appended, ~96 KB
+    again = await watcher.poll(lists=1)
+    assert again.count == 800
+    assert len(parsed) == 1 and parsed[0] > 64 * 1024  # the appended part, parsed here
+    parsed.clear()
+    two = _watcher(tmp_path / "two")  # two lists: a walk that follows push
+    _source(tmp_path / "two")
+    assert [r.count for r in await _poll_by_lists(two)] == [2_400, 2_600]
+    assert len(parsed) == 3  # the index and both lists, all here

@@ -58,10 +58,12 @@ log = logging.getLogger("rsnotify.publish")
 # consumed, on the loop, so that its entries are never all held at once.
 THREADED_BYTES = 64 * 1024
 THREADED_MAX_BYTES = 8 * 1024 * 1024
-# Lists a pass that reads lists whole (a Destination's walk) reads and parses ahead of
-# the one it detects: the parse of the next runs in the worker process
+# Lists a catch-up (a pass over more lists than this, read whole) reads and parses
+# ahead of the one it detects: the parse of the next runs in the worker process
 # (listparse) while the loop detects and applies this one.  Two, not one: a
-# list's parse took a little longer than the loop's work on the one before.
+# list's parse took a little longer than the loop's work on the one before.  A
+# walk that follows push (the open list, and the one that just closed) reads and
+# parses as before, in a thread: see listparse.
 READ_AHEAD = 2
 # Entries a pass without a limit (a Destination's walk) detects between two looks at
 # the loop: see _detect_sliced.
@@ -145,6 +147,7 @@ class _Pass:
     entries: Iterator[Entry] | None = None
     digests: Iterator[bytes] | None = None  # of those entries, in step, if the parser made them
     adopt: bool = False  # an in-order checkpoint to turn unordered on the first list read
+    offload: bool = False  # read ahead, parsed in the worker process (see poll)
     # Lists of ``refs`` read ahead (READ_AHEAD), by URL, each with its own byte counts.
     ahead: dict[str, tuple[asyncio.Task[_Listed | None], PollResult]] = field(default_factory=dict)
 
@@ -255,7 +258,9 @@ class CollectionWatcher:
             if ref.url not in work.ahead:
                 counts = PollResult()
                 task = asyncio.ensure_future(
-                    self._read_list(ref.url, counts, work.prefetched.get(ref.url), whole=True)
+                    self._read_list(
+                        ref.url, counts, work.prefetched.get(ref.url), whole=True, offload=True
+                    )
                 )
                 # Its error, if any, is raised when the list's turn comes (or dropped
                 # with the pass): never reported as an exception nobody retrieved.
@@ -280,7 +285,7 @@ class CollectionWatcher:
             self._warned.add(kind)
             log.log(level, "%s: %s: %s", self.collection, url, warning)
 
-    async def _parsed(self, document: bytes, url: str) -> _Listed:
+    async def _parsed(self, document: bytes, url: str, *, offload: bool = False) -> _Listed:
         """Every entry of ``document``; a large one parsed off the loop.
 
         A Destination's walk that follows push reads a thousand new entries
@@ -290,25 +295,34 @@ class CollectionWatcher:
         drained in that one thread: an lxml parser driven from two threads
         crashed, see :mod:`.snapshotwatch`) the loop goes on meanwhile.  The
         usual fragment, a few entries, is parsed in place: the hop would cost
-        more than the parse.  Off the loop the parser also digests each entry
-        for an unordered checkpoint's detection.
+        more than the parse.  ``offload``: one of several lists a pass reads
+        (a catch-up), parsed in the worker process if there is one, which
+        also digests each entry for an unordered checkpoint's detection.
         """
         if len(document) < THREADED_BYTES:
             return self._entries(document, url), None
-        parsed = await listparse.parse_whole(document, self.limits, digests=self.unordered)
+        parsed = await listparse.parse_whole(
+            document, self.limits, digests=offload and self.unordered, process=offload
+        )
         self._report(url, parsed.unordered, parsed.warnings)
         digests = None if parsed.digests is None else iter(parsed.digests)
         return iter(parsed.entries), digests
 
     async def _read_list(
-        self, url: str, result: PollResult, prefetched: Fetched | None, *, whole: bool = False
+        self,
+        url: str,
+        result: PollResult,
+        prefetched: Fetched | None,
+        *,
+        whole: bool = False,
+        offload: bool = False,
     ) -> _Listed | None:
         """New-looking entries of one list (None: unchanged since the last read).
 
         ``whole``: the caller consumes every entry of the list at once (no
         entry limit), so a list read whole may be parsed up front, off the
         loop (:meth:`_parsed`), when its size is within
-        :data:`THREADED_MAX_BYTES`.
+        :data:`THREADED_MAX_BYTES`; ``offload``: in the worker process.
         """
         state = self._lists.setdefault(url, _ListState())
         if prefetched is not None:
@@ -342,7 +356,7 @@ class CollectionWatcher:
         result.full_reads += 1
         state.tail = scan(fetched.body)
         if whole and THREADED_BYTES <= len(fetched.body) <= THREADED_MAX_BYTES:
-            return await self._parsed(fetched.body, url)
+            return await self._parsed(fetched.body, url, offload=offload)
         return self._entries(fetched.body, url), None
 
     async def _refresh_index(self) -> dict[str, Fetched]:
@@ -445,7 +459,11 @@ class CollectionWatcher:
                 return result
             current, adopt = self._in_mode(self.checkpoint)
             self._check_coverage(current)
-            work = _Pass(lists_to_read(self._refs, current), current, prefetched, adopt=adopt)
+            refs = lists_to_read(self._refs, current)
+            work = _Pass(refs, current, prefetched, adopt=adopt)
+            # A catch-up: more lists than a walk that follows push reads (the open
+            # one, and the one that just closed), all wanted whole.
+            work.offload = limit is None and len(refs) > READ_AHEAD
         self._pass = None  # set again only if this pass stops at its limit
         try:
             return await self._poll(work, result, limit, lists)
@@ -473,12 +491,16 @@ class CollectionWatcher:
                         result.full_reads += counts.full_reads
                     else:
                         listed = await self._read_list(
-                            ref.url, result, work.prefetched.get(ref.url), whole=limit is None
+                            ref.url,
+                            result,
+                            work.prefetched.get(ref.url),
+                            whole=limit is None,
+                            offload=work.offload,
                         )
                 except DocumentError:
                     self._lists.pop(ref.url, None)  # read it whole next time
                     raise
-                if limit is None:
+                if work.offload:
                     self._read_ahead(work)
                 if listed is None:
                     continue
