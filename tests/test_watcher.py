@@ -89,6 +89,19 @@ async def _poll_to_the_end(watcher: CollectionWatcher, limit: int) -> list[PollR
             return results
 
 
+def _record_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of each document parsed in this process from now on (the reader patched)."""
+    parsed: list[int] = []
+
+    class Recording(sitemap.DocumentReader):
+        def __init__(self, source: bytes, *args: Any, **kwargs: Any) -> None:
+            parsed.append(len(source))
+            super().__init__(source, *args, **kwargs)
+
+    monkeypatch.setattr(sitemap, "DocumentReader", Recording)
+    return parsed
+
+
 async def _poll_by_lists(watcher: CollectionWatcher) -> list[PollResult]:
     """Poll a list at a time (``lists=1``, a Destination's walk) until a pass ends."""
     results = []
@@ -210,14 +223,7 @@ async def test_a_list_closed_since_the_last_poll_is_parsed_from_its_known_end(
     _source(tmp_path)
     watcher = _watcher(tmp_path)
     watcher.commit((await watcher.poll()).checkpoint)
-    parsed: list[int] = []
-
-    class Recording(sitemap.DocumentReader):
-        def __init__(self, source: bytes, *args: Any, **kwargs: Any) -> None:
-            parsed.append(len(source))
-            super().__init__(source, *args, **kwargs)
-
-    monkeypatch.setattr(sitemap, "DocumentReader", Recording)
+    parsed = _record_parses(monkeypatch)
     _changelist(tmp_path, "cl2.xml", 2_400, 2_610, closed=True)
     whole = (tmp_path / "c1" / "cl2.xml").stat().st_size
     result = await watcher.poll()
@@ -299,14 +305,7 @@ async def test_only_a_pass_over_several_lists_goes_to_the_worker_process(
     just closed and the open one) is a walk that follows push.
     """
     _three_lists(tmp_path, second_broken=False)
-    parsed: list[int] = []
-
-    class Recording(sitemap.DocumentReader):
-        def __init__(self, source: bytes, *args: Any, **kwargs: Any) -> None:
-            parsed.append(len(source))
-            super().__init__(source, *args, **kwargs)
-
-    monkeypatch.setattr(sitemap, "DocumentReader", Recording)
+    parsed = _record_parses(monkeypatch)
     watcher = _watcher(tmp_path)
     index = (tmp_path / "c1" / "changelist.xml").stat().st_size
     results = await _poll_by_lists(watcher)
