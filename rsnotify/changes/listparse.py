@@ -132,6 +132,19 @@ def _nothing() -> None:
     """The worker's first task: it has started and imported the parser once this returns."""
 
 
+def _first_task(pool: ProcessPoolExecutor) -> None:
+    """Give ``pool`` its first task (:func:`_nothing`); :func:`_ready_pool` waits for it."""
+    global _ready
+    try:
+        ready = pool.submit(_nothing)
+    except (OSError, RuntimeError) as exc:  # could not spawn; or shut down meanwhile
+        ready = Future()
+        ready.set_exception(exc)
+    with _lock:
+        if _pool is pool:
+            _ready = ready
+
+
 def _ready_pool() -> ProcessPoolExecutor | None:
     """The pool if it is up; starts it (without waiting) if configured and not started."""
     global _pool, _ready, _processes
@@ -145,11 +158,16 @@ def _ready_pool() -> ProcessPoolExecutor | None:
                 _pool = ProcessPoolExecutor(
                     _processes, mp_context=context, initializer=_worker_started
                 )
-                _ready = _pool.submit(_nothing)
             except (OSError, ValueError, ImportError) as exc:
                 # No semaphores (a container without /dev/shm), no forkserver here...
                 _processes = 0
                 log.warning("no Change List parser process (%s); parsing in threads", exc)
+                return None
+            # The first task spawns the worker, which waits for the forkserver to
+            # start and import the parser (0.1 s here): not on the caller's thread.
+            threading.Thread(
+                target=_first_task, args=(_pool,), name="rsnotify-parser-start", daemon=True
+            ).start()
             return None
         pool, ready = _pool, _ready
     if ready is None or not ready.done():
