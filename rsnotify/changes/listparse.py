@@ -118,7 +118,7 @@ def _worker_started() -> None:
     """In the worker, once: ignore Ctrl-C, and yield the CPU to the subscriber itself.
 
     A terminal sends Ctrl-C to the whole process group; the subscriber
-    decides what stops (and shuts the worker down), and a traceback from the
+    decides what stops (the worker ends with it), and a traceback from the
     worker would only add noise to its shutdown.  The parse is background
     work that must not take a core from the event loop applying pushed
     changes; a catch-up on an otherwise idle machine loses nothing to it.

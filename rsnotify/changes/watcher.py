@@ -300,7 +300,7 @@ class CollectionWatcher:
         also digests each entry for an unordered checkpoint's detection.
         """
         if len(document) < THREADED_BYTES:
-            return self._entries(document, url), None
+            return iter(list(self._entries(document, url))), None  # whole: errors now
         parsed = await listparse.parse_whole(
             document, self.limits, digests=offload and self.unordered, process=offload
         )
