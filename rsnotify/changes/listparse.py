@@ -21,7 +21,9 @@ configured (without waiting for it), at a lower priority, with the
 subscriber does, may copy a lock held by one of them); until it has started,
 and when processes are off (:func:`configure`, ``rsnotify subscribe
 --parse-processes 0``) or the worker died, lists are parsed in a thread as
-before: the same function, the same result.
+before: the same function, the same result.  It costs three processes
+(the forkserver, multiprocessing's resource tracker, the worker: 29, 13 and
+26 MB RSS here, much of it shared).
 """
 
 from __future__ import annotations
