@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -89,13 +90,18 @@ async def _poll_to_the_end(watcher: CollectionWatcher, limit: int) -> list[PollR
             return results
 
 
-def _record_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of each document parsed in this process from now on (the reader patched)."""
+def _record_parses(
+    monkeypatch: pytest.MonkeyPatch, what: Callable[[bytes], int] = len
+) -> list[int]:
+    """``what`` of each document parsed in this process from now on (the reader patched).
+
+    By default its size; a parse in the worker process does not see the patch.
+    """
     parsed: list[int] = []
 
     class Recording(sitemap.DocumentReader):
         def __init__(self, source: bytes, *args: Any, **kwargs: Any) -> None:
-            parsed.append(len(source))
+            parsed.append(what(source))
             super().__init__(source, *args, **kwargs)
 
     monkeypatch.setattr(sitemap, "DocumentReader", Recording)
@@ -181,14 +187,7 @@ async def test_large_lists_and_fragments_are_parsed_off_the_loop(
     """
     listparse.configure(0)  # parsed in this process, where the reader is patched
     _source(tmp_path)
-    threads: list[int] = []
-
-    class Recording(sitemap.DocumentReader):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            threads.append(threading.get_ident())
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(sitemap, "DocumentReader", Recording)
+    threads = _record_parses(monkeypatch, lambda _: threading.get_ident())
     loop_thread = threading.get_ident()
     limited = _watcher(tmp_path)
     assert (await limited.poll(1_000)).count == 1_000
