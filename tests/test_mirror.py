@@ -933,6 +933,57 @@ async def test_a_batched_write_returns_only_once_durable(
         assert mirror.spares.reused > 0 or mirror.spares.allocated > 0
 
 
+def test_a_batch_starts_writeback_of_every_file_before_its_first_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hint that lets one journal commit cover a whole batch (``commit.start_writeback``).
+
+    It was once looked up as ``os.sync_file_range``, which CPython does not
+    have, so it silently never ran: each fsync of a batch then committed a
+    journal transaction of its own.  Every file of a batch of several must
+    have its writeback started before the batch's first fsync.
+    """
+    from rsnotify.subscriber.mirror import commit as module
+    from rsnotify.subscriber.mirror.durability import DirSyncer
+    from rsnotify.subscriber.mirror.replace import make_replace
+
+    real_fadvise, real_fsync = module._FADVISE, os.fsync
+    assert real_fadvise is not None, "posix_fadvise is missing: no writeback hint on Linux"
+    trace: list[tuple[str, tuple[int, int]]] = []
+
+    def key(fd: int) -> tuple[int, int]:
+        info = os.fstat(fd)
+        return (info.st_dev, info.st_ino)
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        assert (offset, length, advice) == (0, 0, os.POSIX_FADV_DONTNEED)
+        trace.append(("writeback", key(fd)))
+        real_fadvise(fd, offset, length, advice)
+
+    def fsync(fd: int) -> None:
+        trace.append(("fsync", key(fd)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(module, "_FADVISE", fadvise)
+    monkeypatch.setattr(module.os, "fsync", fsync)
+    root = tmp_path / "mirror"
+    root.mkdir()
+    strategy = make_replace(root, None)
+    items = []
+    for i in range(5):
+        item = module.prepare_write(root, ("d", f"f{i}"), f"d/f{i}", strategy, reuse=False)
+        strategy.write(item, f"body {i}".encode())
+        items.append(item)
+    files = [key(item.fd) for item in items]
+    assert module.commit(items, strategy, DirSyncer()) == [True] * 5
+    first_fsync = next(i for i, (what, _) in enumerate(trace) if what == "fsync")
+    assert sorted(trace[:first_fsync]) == sorted(("writeback", f) for f in files)
+    assert [("fsync", f) for f in files] == [e for e in trace if e[1] in files and e[0] == "fsync"]
+    assert [(root / "d" / f"f{i}").read_bytes() for i in range(5)] == [
+        f"body {i}".encode() for i in range(5)
+    ]
+
+
 async def test_a_directory_refusing_swaps_is_written_the_plain_way(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
