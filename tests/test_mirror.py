@@ -559,6 +559,33 @@ async def test_delete(tmp_path: Path) -> None:
     assert mirror.path_for("http://s/x/z").read_bytes() == b"z"
 
 
+def test_a_temp_name_already_taken_is_drawn_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Temp names come from a per-process generator (no syscall per write): O_EXCL
+    makes the file fresh, and a name already on disk is replaced by the next draw."""
+    import random
+
+    from rsnotify.subscriber.mirror import replace as module
+
+    monkeypatch.setattr(module, "_NAMES", random.Random(7))
+    first = f"{TEMP_PREFIX}{random.Random(7).getrandbits(64):016x}"
+    (tmp_path / first).write_bytes(b"left by an interrupted write")
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd, name = module.new_temp(dir_fd)
+        os.close(fd)
+        assert name != first and module._TEMP_NAME.fullmatch(name)
+        assert (tmp_path / name).read_bytes() == b""
+        assert (tmp_path / first).read_bytes() == b"left by an interrupted write"
+        monkeypatch.setattr(module, "_TEMP_ATTEMPTS", 2)
+        monkeypatch.setattr(module, "_NAMES", random.Random(7))  # both draws are taken now
+        with pytest.raises(FileExistsError):
+            module.new_temp(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 async def test_paths_outside_the_root_are_refused(tmp_path: Path) -> None:
     mirror = Mirror(tmp_path / "m")
     with pytest.raises(UnsafePath):

@@ -134,7 +134,7 @@ def commit(
                 key = (info.st_dev, info.st_ino)
                 if key not in synced:
                     try:
-                        dirs.sync(item.dir_fd)
+                        dirs.sync(item.dir_fd, key)
                         synced[key] = None
                     except OSError as exc:
                         synced[key] = exc

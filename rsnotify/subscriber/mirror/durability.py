@@ -42,10 +42,14 @@ class DirSyncer:
         self._cond = threading.Condition()
         self._dirs: dict[tuple[int, int], _DirState] = {}
 
-    def sync(self, dir_fd: int) -> None:
-        """Return once an fsync of ``dir_fd``'s directory begun after this call has succeeded."""
-        info = os.fstat(dir_fd)
-        key = (info.st_dev, info.st_ino)
+    def sync(self, dir_fd: int, key: tuple[int, int] | None = None) -> None:
+        """Return once an fsync of ``dir_fd``'s directory begun after this call has succeeded.
+
+        ``key``: the directory's (device, inode), when the caller has it already.
+        """
+        if key is None:
+            info = os.fstat(dir_fd)
+            key = (info.st_dev, info.st_ino)
         cond = self._cond
         with cond:
             state = self._dirs.get(key)

@@ -22,8 +22,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import re
-import secrets
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,11 +105,30 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+# Temp names come from a generator seeded once per process (and again in a
+# forked child), not from the system's randomness: one syscall fewer per
+# write, each of which hands the interpreter lock away and must win it back
+# from a busy event loop.  O_EXCL, not the name, is what makes the file fresh.
+_NAMES = random.Random()
+os.register_at_fork(after_in_child=_NAMES.seed)
+_TEMP_ATTEMPTS = 16
+
+
 def new_temp(dir_fd: int) -> tuple[int, str]:
-    """Create a fresh temp file in ``dir_fd``: ``(fd, name)`` (``_TEMP_NAME``'s shape)."""
-    temp = f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+    """Create a fresh temp file in ``dir_fd``: ``(fd, name)`` (``_TEMP_NAME``'s shape).
+
+    A name already taken (a leftover of an interrupted write) is drawn again.
+    """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.open(temp, flags, 0o644, dir_fd=dir_fd), temp
+    attempts = 0
+    while True:
+        temp = f"{TEMP_PREFIX}{_NAMES.getrandbits(64):016x}"
+        try:
+            return os.open(temp, flags, 0o644, dir_fd=dir_fd), temp
+        except FileExistsError:
+            attempts += 1
+            if attempts == _TEMP_ATTEMPTS:
+                raise
 
 
 class RenameReplace:
