@@ -76,7 +76,7 @@ STATUS_TTL = 24 * 3600
 BUFFER = 20_000  # samples held while Redis is slow; beyond that the oldest are dropped
 STAGES = LATENCY_STAGES
 # Engine states that mean "not applying pushed changes in order yet".
-CATCHING_UP = frozenset({"starting", "baseline", "catching-up"})
+CATCHING_UP = frozenset({"starting", "subscribing", "baseline", "catching-up"})
 
 
 def subscriber_key(name: str) -> str:

@@ -45,6 +45,23 @@ def test_reconnect_without_a_session_is_a_gap_with_one_it_is_not() -> None:
     assert GapDetector().on_connect(session_present=False, now=0.0) is None  # nothing to lose yet
 
 
+def test_a_session_less_subscription_is_a_gap_only_if_made_after_the_last_catch_up_began() -> None:
+    """What a catch-up read covers what came before it; push covers what came after ``at``."""
+    d = GapDetector()  # a first run: no sequence count to lose
+    d.catching_up(10.0)
+    d.caught_up(None, now=12.0)
+    # Subscribed at 9, the catch-up began at 10: nothing fell between them.
+    assert d.on_connect(session_present=False, now=13.0, at=9.0) is None
+    # Subscribed at 11 (a broker that acknowledged late): 10..11 reached nobody.
+    gap = d.on_connect(session_present=False, now=13.0, at=11.0)
+    assert gap is not None and "after the last catch-up began" in gap.reason
+    assert d.on_connect(session_present=True, now=13.0, at=11.0) is None  # the broker kept it
+    # Read late, made early: what counts is when it was made, not when it is read.
+    d.catching_up(20.0)
+    assert d.on_connect(session_present=False, now=25.0, at=19.5) is None
+    assert d.on_connect(session_present=False, now=25.0) is not None  # at defaults to now
+
+
 def test_a_head_ahead_is_a_gap_only_if_not_filled_within_the_grace_period() -> None:
     d = GapDetector(last_seq=5, head_grace=2.0, now=0.0)
     assert d.on_head(8, now=0.0) is None

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -969,6 +969,8 @@ class PacketRelay:
 
     Subclasses look at (and may rewrite) each packet body in
     :meth:`from_client` and :meth:`from_broker`; the length must not change.
+    :meth:`hold_client` may keep a client's packet back (and every one after
+    it) until it returns.
     """
 
     def __init__(self, upstream: Mosquitto) -> None:
@@ -1002,10 +1004,13 @@ class PacketRelay:
     def from_broker(self, header: bytes, body: bytes) -> bytes:
         return body
 
+    async def hold_client(self, header: bytes) -> None:
+        """Awaited before a client's packet goes on (``header[0] >> 4`` is its type)."""
+
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection(self.upstream.host, self.upstream.port)
         await asyncio.gather(
-            self._pump(reader, up_writer, self.from_client),
+            self._pump(reader, up_writer, self.from_client, self.hold_client),
             self._pump(up_reader, writer, self.from_broker),
             return_exceptions=True,
         )
@@ -1017,9 +1022,12 @@ class PacketRelay:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         edit: Callable[[bytes, bytes], bytes],
+        hold: Callable[[bytes], Awaitable[None]] | None = None,
     ) -> None:
         while True:
             header, body = await read_packet(reader)
+            if hold is not None:
+                await hold(header)
             writer.write(header + edit(header, body))
             await writer.drain()
 

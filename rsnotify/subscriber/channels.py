@@ -86,8 +86,10 @@ class MqttChannel:
     The connection itself (MQTT 5 with a 3.1.1 fallback, reconnects with
     backoff, one-line errors) is a :class:`~rsnotify.transport.mqttlink.BrokerLink`;
     this class subscribes, routes messages to their collection's engine and
-    turns the link's state into events: :class:`~.events.Connected`,
-    :class:`~.events.Disconnected` (an established connection was lost) and
+    turns the link's state into events: :class:`~.events.Connected` (at the
+    SUBACK: only from then on does the broker route messages to a session
+    it did not keep), :class:`~.events.Disconnected` (an established
+    connection was lost) and
     :class:`~.events.Unavailable` (refused with the broker's reason, or
     unreachable), for every collection it carries.
     """
@@ -117,6 +119,11 @@ class MqttChannel:
         # Set once the broker acknowledged every subscription of the current
         # connection: from then on nothing published is missed (tests wait on it).
         self.subscribed = threading.Event()
+        # Set once the first connection attempt has an outcome (subscribed,
+        # refused, unreachable, lost): the service waits on it before the
+        # start-up catch-up, so that catch-up runs with the subscription in place.
+        self.first_attempt = asyncio.Event()
+        self._session_present = False
         for collection in self.sinks:
             for topic, kind, legacy in self.topics.read(collection):
                 self._routes[topic] = (collection, kind)
@@ -161,9 +168,11 @@ class MqttChannel:
 
     def _on_state(self, state: LinkState) -> None:
         if state.state == "connected":
-            self._broadcast(ev.Connected(session_present=state.session_present))
+            self._session_present = state.session_present
             self._subscribe()
-        elif state.state == "lost":
+            return
+        self.first_attempt.set()
+        if state.state == "lost":
             self._broadcast(ev.Disconnected(f"MQTT: {state.reason}"))
         elif state.state in ("refused", "unreachable"):
             kind: Literal["refused", "unreachable"] = (
@@ -182,6 +191,8 @@ class MqttChannel:
         if suback.cancelled() or suback.exception() is not None:
             return  # the connection went first; the next one subscribes again
         self.subscribed.set()
+        self._broadcast(ev.Connected(session_present=self._session_present))
+        self.first_attempt.set()
         for topic, reason in zip(topics, suback.result(), strict=False):
             if not reason.is_failure:
                 continue
@@ -254,6 +265,7 @@ class WebSocketChannel:
         self._connection: ClientConnection | None = None
         self._replay_from: int | None = None
         self._restart = asyncio.Event()
+        self.first_attempt = asyncio.Event()  # see MqttChannel.first_attempt
 
     def _url(self, since: int | None) -> str:
         return self.base if since is None else f"{self.base}?since={since}"
@@ -272,6 +284,7 @@ class WebSocketChannel:
         ) as connection:
             self._connection = connection
             self.sink(ev.Connected(session_present=since is not None))
+            self.first_attempt.set()
             async for data in connection:
                 try:
                     frame = wsproto.parse_frame(data)
@@ -326,6 +339,7 @@ class WebSocketChannel:
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
             self._connection = None
+            self.first_attempt.set()
             if restart in done:
                 continue  # a replay was requested: reconnect at once
             exc = session.exception()

@@ -39,7 +39,19 @@ class Head:
 
 @dataclass(frozen=True, slots=True)
 class Connected:
+    """The channel's subscription is in place: from ``at`` on, what is published arrives.
+
+    ``session_present``: the broker or hub kept the subscription across the
+    break, with what was published meanwhile (MQTT's persistent session, a
+    WebSocket replay from the last seq, a WebSub lease still running).
+    ``at``: when it was established (``time.monotonic()``), which is not when
+    the engine reads the event: a subscription established after a catch-up
+    began leaves a window that only another catch-up covers
+    (:meth:`.gaps.GapDetector.on_connect`).
+    """
+
     session_present: bool
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True, slots=True)

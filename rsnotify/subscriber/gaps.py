@@ -6,7 +6,8 @@ the subscriber may have missed something, so the caller catches up from the
 log or the Change List Index.  It flags:
 
 * a sequence jump (a broker silently dropped QoS 1 messages, a filter bug);
-* a reconnect without a surviving session (messages sent meanwhile are gone);
+* a (re)connection without a surviving session established after the last
+  catch-up began (what was published between the two reached nobody);
 * a head (retained MQTT message, WebSocket hello/heartbeat) ahead of what was
   received, not filled within a grace period;
 * no heartbeat for ``heartbeat_timeout`` (publisher or connection dead,
@@ -57,8 +58,10 @@ class GapDetector:
 
     ``expected`` is the next sequence number the detector wants, or None when
     it does not know (first connection, after a Change List catch-up): the
-    next notification then starts the count, which is safe because the
-    subscriber subscribes *before* it catches up (see subscriber.service).
+    next notification then starts the count.  That is safe only for a
+    subscription established before the catch-up began, which the service
+    waits for (see subscriber.service); one established later is a gap
+    (:meth:`on_connect`, from :attr:`covered_before`).
     """
 
     def __init__(
@@ -80,6 +83,9 @@ class GapDetector:
         self._head_deadline: float | None = None
         self._heartbeat_gap_raised = False
         self.last_until: datetime | None = None  # the interval chain (notifications without seq)
+        # When the latest catch-up began (the caller's clock): what was published
+        # before it is in what that catch-up read.
+        self.covered_before: float | None = None
 
     # -- notifications ---------------------------------------------------------------
 
@@ -142,11 +148,30 @@ class GapDetector:
 
     # -- connection and head -----------------------------------------------------------
 
-    def on_connect(self, *, session_present: bool, now: float) -> Gap | None:
-        """A (re)connection; without a surviving session, what was sent meanwhile is lost."""
+    def on_connect(
+        self, *, session_present: bool, now: float, at: float | None = None
+    ) -> Gap | None:
+        """A subscription established at ``at`` (default ``now``): is anything missing?
+
+        With a surviving session nothing is: the broker kept what came
+        meanwhile.  Without one, what was published before ``at`` reached
+        nobody by push, so only a catch-up that began *after* ``at`` covers
+        it.  Hence a gap when the subscription came after the latest
+        catch-up began: at start-up when the broker answered late (the
+        start-up catch-up ran first), and on any reconnection.  Before the
+        first catch-up (none recorded), a count in progress is what a
+        session-less reconnection loses; a fresh one has nothing to lose yet.
+        """
         self.last_heartbeat = now
         self._heartbeat_gap_raised = False
-        if self.expected is not None and not session_present:
+        if session_present:
+            return None
+        at = now if at is None else at
+        if self.covered_before is not None:
+            if at > self.covered_before:
+                return Gap("subscribed without a session after the last catch-up began")
+            return None
+        if self.expected is not None:
             return Gap("reconnected without a session")
         return None
 
@@ -194,6 +219,10 @@ class GapDetector:
         return None
 
     # -- after catching up ---------------------------------------------------------------
+
+    def catching_up(self, began: float) -> None:
+        """A catch-up began at ``began``: everything published before is in what it reads."""
+        self.covered_before = began
 
     def caught_up(self, through_seq: int | None, *, now: float) -> None:
         """Catch-up finished; ``through_seq`` is the last seq it covered, if known."""

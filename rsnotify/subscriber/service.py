@@ -66,6 +66,12 @@ if TYPE_CHECKING:  # the types only: each is imported when a channel or --redis 
 
 log = logging.getLogger("rsnotify.subscribe")
 
+# How long the start-up catch-ups wait for the channels' first subscriptions.
+# Only an optimisation: a subscription established after a catch-up began is
+# a gap that one more catch-up covers (GapDetector.on_connect), so a broker
+# slower than this costs a second walk, never a change.
+FIRST_SUBSCRIPTION_WAIT = 5.0
+
 
 @dataclass(slots=True)
 class SubscriberConfig:
@@ -390,7 +396,8 @@ class Subscriber:
             )
         if self._channels and not config.secrets:
             self._warn_unsigned(mqtt_url)
-        # Channels first, so nothing published during the catch-up is missed.
+        # Channels first, so nothing published during the catch-up is missed
+        # (run_forever waits for their subscriptions before the catch-ups).
         for channel in self._channels:
             channel.start()
         if config.report:  # telemetry for `rsnotify dashboard` (see rsnotify.report)
@@ -569,9 +576,38 @@ class Subscriber:
         return 1 if any(e.stats.failed or e.incomplete for e in self.engines.values()) else 0
 
     async def run_forever(self) -> None:
+        await self._first_subscriptions()
         for engine in self.engines.values():
             self._tasks.append(asyncio.create_task(self._run_engine(engine)))
         await self.stopping.wait()
+
+    async def _first_subscriptions(self) -> None:
+        """Wait until every channel's first subscription attempt has an outcome.
+
+        The engines' start-up catch-ups cover what was published before they
+        began, push what comes after the subscription: a catch-up that ran
+        before the broker acknowledged the subscription would leave the
+        changes in between to the safety poll.  Attempts that fail (refused,
+        unreachable) end the wait too: those engines poll.
+        """
+        waits = [channel.first_attempt.wait() for channel in self._channels]
+        if not waits:
+            return
+        timeout = FIRST_SUBSCRIPTION_WAIT
+        for engine in self.engines.values():
+            engine.stats.state = "subscribing"
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*waits)
+        except TimeoutError:
+            log.warning(
+                "push channel(s) not subscribed after %gs; catching up now, "
+                "and once more when they are",
+                timeout,
+            )
+        else:
+            log.debug("channels subscribed in %.3fs", time.monotonic() - started)
 
     async def stop(self) -> None:
         self.stopping.set()

@@ -2,12 +2,13 @@
 
 Invariants, in the order the engine protects them:
 
-1. **Nothing lost.**  The channel subscribes *before* the engine catches up,
-   so every notification published after the catch-up's read of the Change
-   Lists is received, and everything before it is in the Change Lists.  Any
-   doubt (a sequence jump, a reconnect without session, a silent publisher, a
-   bad payload, the safety timer) triggers a catch-up from the Change List
-   Index, which always works.
+1. **Nothing lost.**  The channel subscribes *before* the engine catches up
+   (the service waits for it, briefly), so every notification published
+   after the catch-up's read of the Change Lists is received, and everything
+   before it is in the Change Lists.  A subscription established later (a
+   slow broker, a reconnection without a session) is itself a gap.  Any
+   doubt (a sequence jump, a silent publisher, a bad payload, the safety
+   timer) triggers a catch-up from the Change List Index, which always works.
 2. **Nothing applied twice, nothing stale.**  The cursor is a tracker
    checkpoint (change time plus identities at that time) and advances only
    over changes that were applied, in order; notifications already covered by
@@ -137,7 +138,7 @@ class SyncStats:
     dump_packages: int = 0  # Change Dump packages downloaded by catch-ups
     dump_bodies: int = 0  # changes whose bytes came from them (see .changedump)
     last_gap: dict[str, Any] = field(default_factory=dict)
-    state: str = "starting"  # starting, baseline, catching-up, live
+    state: str = "starting"  # starting, subscribing, baseline, catching-up, live
 
 
 @dataclass(slots=True)
@@ -1020,6 +1021,7 @@ class CollectionSync:
         push for as long as such an entry retries its fixity check.
         """
         started = time.monotonic()
+        self.detector.catching_up(started)
         self.stats.gaps += 1
         self.stats.state = "catching-up"
         self._event("gap", gap.reason, {"size": gap.size, "first": gap.first_missing})
@@ -1215,7 +1217,9 @@ class CollectionSync:
         if isinstance(event, ev.Connected):
             self._event("connected", f"session present: {event.session_present}", {})
             self.health.on_connected(now)
-            return self.detector.on_connect(session_present=event.session_present, now=now)
+            return self.detector.on_connect(
+                session_present=event.session_present, now=now, at=event.at
+            )
         if isinstance(event, ev.Unavailable):
             # Refused (protocol, credentials, topic) will not fix itself by waiting.
             self.health.on_down(event.reason, now, at_once=event.state == "refused")

@@ -246,6 +246,8 @@ class WebSubChannel:
         self._warned_sha1 = False
         self._intent: str | None = None  # the hub.mode we are asking for right now
         self._verified = asyncio.Event()
+        self.first_attempt = asyncio.Event()  # see channels.MqttChannel.first_attempt
+        self._lease_ends: float | None = None  # monotonic, of the last verified lease
         self._tasks: list[asyncio.Task[None]] = []
         server.channels[self.key] = self
 
@@ -368,6 +370,7 @@ class WebSubChannel:
             try:
                 lease = await self._subscribe(http)
             except (aiohttp.ClientError, TimeoutError, OSError, RsNotifyError) as exc:
+                self.first_attempt.set()
                 delay = backoff.next()
                 log.warning(
                     "%s: subscribing at %s failed (%s); retrying in %.1fs",
@@ -381,8 +384,15 @@ class WebSubChannel:
             backoff.reset()
             what = "subscribed to framework notifications" if self.framework else "subscribed"
             log.info("%s: %s at %s (lease %ds)", self.collection, what, self.hub, lease)
+            now = time.monotonic()
+            # A renewal within the lease keeps the subscription (and what the hub
+            # sent meanwhile was delivered); a first one, or one after the lease
+            # ran out, starts from now.
+            kept = self._lease_ends is not None and now < self._lease_ends
+            self._lease_ends = now + lease
             if not self.framework:  # the change channel's (re)connection is the engine's cue
-                self.sink(ev.Connected(session_present=True))
+                self.sink(ev.Connected(session_present=kept, at=now))
+            self.first_attempt.set()
             await asyncio.sleep(max(0.5, lease * RENEW_AT))
 
     async def _heartbeat_loop(self, http: aiohttp.ClientSession) -> None:

@@ -1,0 +1,186 @@
+"""A broker that registers the subscription late loses no change.
+
+The start-up catch-up covers what was published before it began; push covers
+what the broker routes to the subscription once it is registered.  The
+subscriber therefore waits (``service.FIRST_SUBSCRIPTION_WAIT``) for the
+SUBACK before that catch-up, and a subscription registered after the catch-up
+began anyway (a broker slower than the wait) is a gap, caught up at once
+(``GapDetector.on_connect``).  Before both, a change published between the two
+reached nobody until the safety poll, five minutes later by default.
+
+The broker here is a real Mosquitto behind a relay that passes the client's
+CONNECT (so the connection is up) and holds its SUBSCRIBE until the test
+releases it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import paho.mqtt.client as mqtt
+import pytest
+
+from rsnotify.publisher.service import Publisher, PublisherConfig
+from rsnotify.subscriber import service
+from rsnotify.subscriber.service import Subscriber, SubscriberConfig
+from rsnotify.subscriber.sync import CollectionSync
+from tests.devstack import Mosquitto, Redis, async_wait_for, wait_for
+from tests.test_subscriber import _all_started, converged, post, running, simulator
+from tests.test_transport_mqtt import PacketRelay
+
+SECRET = b"late subscriptions"
+SUBSCRIBE = 8  # MQTT control packet type (MQTT 5.0 section 2.1.2)
+
+
+class HeldSubscriptions(PacketRelay):
+    """A relay to the broker that holds each client's SUBSCRIBE until :meth:`release`.
+
+    The CONNECT goes through, so the client is connected at once; the broker
+    registers the subscription only when the test says so.
+    """
+
+    def __init__(self, upstream: Mosquitto) -> None:
+        super().__init__(upstream)
+        self.holding = asyncio.Event()  # a SUBSCRIBE is waiting
+        self.released = asyncio.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def hold_client(self, header: bytes) -> None:
+        if header[0] >> 4 == SUBSCRIBE and not self.released.is_set():
+            self.holding.set()
+            await self.released.wait()
+
+
+@contextlib.contextmanager
+def notifications_seen(broker: Mosquitto) -> Iterator[list[str]]:
+    """Every change notification the broker routes, as seen by a client of the test's own."""
+    topics: list[str] = []
+    lock = threading.Lock()
+    subscribed = threading.Event()
+
+    def on_message(_c: object, _u: object, message: mqtt.MQTTMessage) -> None:
+        if message.topic.endswith("/changes") and not message.retain:
+            with lock:
+                topics.append(message.topic)
+
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="late-subscription-witness")
+    client.on_message = on_message
+    client.on_subscribe = lambda *_args: subscribed.set()
+    client.connect(broker.host, broker.port, keepalive=10)
+    client.loop_start()
+    try:
+        client.subscribe("resourcesync/#", 1)
+        wait_for(subscribed.is_set, 5, message="the witness got no SUBACK")
+        yield topics
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+@dataclass
+class Rig:
+    base: str
+    http: aiohttp.ClientSession
+    held: HeldSubscriptions
+    engine: CollectionSync
+    mirror: Path
+
+    async def change_unseen(self, broker: Mosquitto, n: int = 20) -> None:
+        """Make ``n`` changes and wait until the broker routed them, to all but us."""
+        with notifications_seen(broker) as seen:
+            await post(self.http, f"{self.base}_simulator/advance?n={n}")
+            await async_wait_for(
+                lambda: len(seen) >= n, timeout=20, message="the changes were not published"
+            )
+
+    async def converged(self, message: str) -> None:
+        await async_wait_for(
+            lambda: converged(self.http, self.base, self.mirror), timeout=30, message=message
+        )
+
+
+@contextlib.asynccontextmanager
+async def held_subscriber(
+    tmp_path: Path, mosquitto: Mosquitto, redis_server: Redis
+) -> AsyncIterator[Rig]:
+    """A paused simulator, its publisher, and a subscriber whose SUBSCRIBE the relay holds.
+
+    Every other way to find missed changes (timers, degraded polling) is out
+    of reach, and push is signed (trusted, so no confirmation walk either).
+    """
+    async with (
+        simulator(paused=True, hubs=(f"{mosquitto.url}/resourcesync/{{id}}/changes",)) as (
+            _sim,
+            base,
+        ),
+        aiohttp.ClientSession() as http,
+        running(
+            Publisher,
+            PublisherConfig(
+                source=base, redis=redis_server.url, mqtt=mosquitto.url, poll=0.05, secret=SECRET
+            ),
+        ) as pub,
+        HeldSubscriptions(mosquitto) as held,
+    ):
+        await async_wait_for(
+            lambda: _all_started(pub), timeout=20, message="publisher did not start"
+        )
+        mirror = tmp_path / "mirror"
+        config = SubscriberConfig(
+            source=base,
+            into=str(mirror),
+            via=held.url,
+            heartbeat_timeout=3600,
+            safety_poll=3600,
+            degraded_after=3600,
+            secrets={"k1": SECRET},
+        )
+        async with running(Subscriber, config) as sub:
+            (engine,) = sub.engines.values()
+            yield Rig(base, http, held, engine, mirror)
+
+
+async def test_a_subscription_registered_after_the_start_up_catch_up_began_is_a_gap(
+    tmp_path: Path, mosquitto: Mosquitto, redis_server: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "FIRST_SUBSCRIPTION_WAIT", 0.2)
+    async with held_subscriber(tmp_path, mosquitto, redis_server) as rig:
+        await async_wait_for(
+            lambda: rig.engine.stats.state == "live" and rig.held.holding.is_set(),
+            timeout=20,
+            message="the subscriber did not go live with its SUBSCRIBE held",
+        )
+        assert rig.engine.stats.catchups == 1  # the start-up one, without the subscription
+        await rig.change_unseen(mosquitto)
+        rig.held.release()
+        await rig.converged("changes published before the subscription were never applied")
+        assert rig.engine.stats.catchups == 2, "one catch-up for the late subscription"
+
+
+async def test_the_start_up_catch_up_waits_for_the_subscription(
+    tmp_path: Path, mosquitto: Mosquitto, redis_server: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Changes published while the SUBSCRIBE is held are the start-up catch-up's: no second one."""
+    monkeypatch.setattr(service, "FIRST_SUBSCRIPTION_WAIT", 60.0)
+    async with held_subscriber(tmp_path, mosquitto, redis_server) as rig:
+        await async_wait_for(
+            lambda: rig.held.holding.is_set() and rig.engine.stats.state == "subscribing",
+            timeout=20,
+            message="the subscriber did not wait for its SUBACK",
+        )
+        await rig.change_unseen(mosquitto)
+        assert rig.engine.stats.catchups == 0, "the catch-up must wait for the SUBACK"
+        rig.held.release()
+        await async_wait_for(
+            lambda: rig.engine.stats.state == "live", timeout=20, message="never went live"
+        )
+        await rig.converged("no convergence")
+        assert rig.engine.stats.catchups == 1, "the subscription came first: one catch-up"
