@@ -407,7 +407,7 @@ def _extra(attrs: dict[str, str], line: int | None, element: str) -> dict[str, s
 
 def _link(attrs: dict[str, str], line: int | None, when: TimeReader = _time) -> Link:
     rel = attrs.pop("rel", None)
-    href = attrs.pop("href", None)
+    href = (attrs.pop("href", None) or "").strip()  # blank is none (it round-trips as "")
     if not rel or not href:
         raise MissingElement(
             "rs:ln needs both rel and href", line=line, element="rs:ln", rule=R_STRUCTURE
@@ -419,7 +419,7 @@ def _link(attrs: dict[str, str], line: int | None, when: TimeReader = _time) -> 
         )
     link = Link(
         rel=rel,
-        href=href.strip(),
+        href=href,
         hash=attrs.pop("hash", None),
         length=_int(attrs.pop("length", None), "length", line, "rs:ln"),
         modified=when(attrs.pop("modified", None), line, "rs:ln"),

@@ -67,6 +67,14 @@ def test_garbage_is_an_invalid_notification(payload: bytes) -> None:
         envelope.from_json(payload)
 
 
+def test_a_link_with_a_blank_href_is_an_invalid_notification() -> None:
+    """Found by the envelope fuzzer: " " decoded, was stripped to "", and "" did not decode."""
+    raw = json.loads(envelope.to_json(_sample()))
+    raw["links"] = [{"rel": "duplicate", "href": " "}]
+    with pytest.raises(InvalidNotification, match="rel and href"):
+        envelope.from_json(json.dumps(raw).encode())
+
+
 def test_published_now_is_the_current_time_with_six_fraction_digits() -> None:
     before = datetime.now(UTC)
     stamp = outbound.published_now()

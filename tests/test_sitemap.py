@@ -144,6 +144,15 @@ ERRORS = [
         2,
         "rs:ln",
     ),
+    (  # blank once its whitespace is stripped: no href at all (section 7)
+        [
+            "<url><loc>http://example.com/k</loc><lastmod>2013-01-03T11:00:00Z</lastmod>"
+            '<rs:md change="created"/><rs:ln rel="duplicate" href=" \t"/></url>'
+        ],
+        MissingElement,
+        1,
+        "rel and href",
+    ),
     ([GOOD, '<rs:md capability="changelist"/>'], InvalidDocument, 2, "rs:md"),
     (
         [GOOD, '<url><loc>http://example.com/j</loc><rs:md change="created"/><rs:md/></url>'],
