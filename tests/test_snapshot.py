@@ -219,9 +219,11 @@ class CountingAccess(DirectoryAccess):
 class DirSource:
     """A Resource List (or an index of parts) written into a directory."""
 
-    def __init__(self, root: Path, parts: int = 0) -> None:
+    def __init__(self, root: Path, parts: int = 0, *, declare: bool = False) -> None:
         self.root = root
         self.parts = parts
+        self.declare = declare  # the index gives each part's 'at' (section 10.2)
+        self.part_at: dict[int, datetime] = {}
         self.at = T0
         self.resources: dict[str, int] = {}  # name -> length (its state)
         self.lastmod: dict[str, datetime] = {}
@@ -243,12 +245,12 @@ class DirSource:
     def delete(self, name: str) -> None:
         del self.resources[name], self.part_of[name], self.lastmod[name]
 
-    def _list(self, names: list[str]) -> bytes:
+    def _list(self, names: list[str], at: datetime | None = None) -> bytes:
         entries = [
             Entry(loc=f"{BASE}/res/{n}", length=self.resources[n], lastmod=self.lastmod[n])
             for n in names
         ]
-        doc = make_document(Root.URLSET, Capability.RESOURCELIST, at=self.at, entries=entries)
+        doc = make_document(Root.URLSET, Capability.RESOURCELIST, at=at or self.at, entries=entries)
         return serialize(doc)
 
     def _write(self, name: str, data: bytes) -> None:
@@ -256,8 +258,12 @@ class DirSource:
         if not path.exists() or path.read_bytes() != data:
             path.write_bytes(data)
 
-    def publish(self, *, minutes: int = 1) -> None:
-        """Write the list(s) dated ``minutes`` later; parts whose content is unchanged stay."""
+    def publish(self, *, minutes: int = 1, only: set[int] | None = None) -> None:
+        """Write the list(s) dated ``minutes`` later; parts whose content is unchanged stay.
+
+        ``only``: write just these parts, and no index: a Source caught while
+        it rewrites its lists (``publish(minutes=0)`` finishes the job).
+        """
         self.at += timedelta(minutes=minutes)
         names = sorted(self.resources)
         if not self.parts:
@@ -270,16 +276,20 @@ class DirSource:
             old = sitemap.parse(path.read_bytes()) if path.exists() else None
             old_set = {(e.loc, e.length) for e in old.entries} if old else None
             new_set = {(f"{BASE}/res/{n}", self.resources[n]) for n in mine}
-            if old_set != new_set:
-                self._write(f"part{p}.xml", self._list(mine))
-            refs.append(Entry(loc=self.url(f"part{p}.xml")))
+            if old_set != new_set and (only is None or p in only):
+                self.part_at[p] = self.at
+                self._write(f"part{p}.xml", self._list(mine, self.part_at[p]))
+            declared = self.part_at.get(p) if self.declare else None
+            refs.append(Entry(loc=self.url(f"part{p}.xml"), at=declared))
+        if only is not None:
+            return
         index = make_document(Root.SITEMAPINDEX, Capability.RESOURCELIST, at=self.at, entries=refs)
         self._write("resourcelist-index.xml", serialize(index))
 
 
-def _index_source(tmp_path: Path, names: str, parts: int) -> DirSource:
+def _index_source(tmp_path: Path, names: str, parts: int, *, declare: bool = False) -> DirSource:
     """A published Resource List Index: one resource per name, dealt round the parts."""
-    source = DirSource(tmp_path / "src", parts=parts)
+    source = DirSource(tmp_path / "src", parts=parts, declare=declare)
     source.root.mkdir()
     for i, n in enumerate(names):
         source.set(n, 1, part=i % parts)
@@ -721,3 +731,40 @@ def test_lists_are_parsed_and_compared_off_the_event_loop(
     source.publish()
     assert _changes(_poll_and_commit(watcher)) == [("a", ChangeType.UPDATED)]
     assert len(threads) == 3 and threading.get_ident() not in threads
+
+
+# -- a Source read while it rewrites its index -----------------------------------------------
+
+
+def _torn_round(tmp_path: Path) -> tuple[DirSource, SnapshotWatcher]:
+    """``a`` (part 0) moves to part 1, updated; the watcher reads after part 0 only is written."""
+    source = _index_source(tmp_path, "abcd", parts=2, declare=True)
+    watcher = _watcher(source, DirectoryAccess(source.root), tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)  # the first snapshot, recorded
+    source.set("a", 2, part=1)
+    source.publish(only={0})
+    return source, watcher
+
+
+def test_a_part_unlike_its_index_is_compared_once_the_source_is_done(tmp_path: Path) -> None:
+    """Z39.99 section 10.2: the index gives each part's 'at'; a part that disagrees is mid-rewrite.
+
+    Compared as read, ``a`` is in neither part: a deletion now, a creation at
+    the next poll, where the Source made one update.
+    """
+    source, watcher = _torn_round(tmp_path)
+    assert _changes(_poll_and_commit(watcher)) == []
+    source.publish(minutes=0)  # part 1, then the index
+    assert _changes(_poll_and_commit(watcher)) == [("a", ChangeType.UPDATED)]
+    assert _changes(_poll_and_commit(watcher)) == []
+
+
+def test_an_index_that_never_agrees_with_its_part_is_compared_as_it_is_after_a_few_polls(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _source, watcher = _torn_round(tmp_path)  # and never finished
+    for _ in range(snapshotwatch.TORN_POLLS):
+        assert _changes(_poll_and_commit(watcher)) == []
+    assert _changes(_poll_and_commit(watcher)) == [("a", ChangeType.DELETED)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "section 10.2" in warnings[0], warnings

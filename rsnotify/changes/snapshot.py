@@ -243,19 +243,34 @@ class PartState:
     etag: str | None = None
     last_modified: str | None = None
     count: int = 0
+    # The part's own rs:md 'at', and the one its index gives it (section 10.2:
+    # each <sitemap> of a Resource List Index may carry the part's 'at').
+    at: datetime | None = None
+    declared: datetime | None = None
+
+    @property
+    def torn(self) -> bool:
+        """The part is not the one its index describes: read mid-rewrite (or a sloppy index)."""
+        return self.at is not None and self.declared is not None and self.at != self.declared
 
     def to_obj(self) -> dict[str, object]:
-        return {
+        obj: dict[str, object] = {
             "key": self.key,
             "digest": self.digest,
             "etag": self.etag,
             "lm": self.last_modified,
             "n": self.count,
         }
+        if self.at is not None:
+            obj["at"] = w3cdt.format(self.at)
+        if self.declared is not None:
+            obj["decl"] = w3cdt.format(self.declared)
+        return obj
 
     @classmethod
     def from_obj(cls, url: str, obj: Mapping[str, object]) -> PartState:
         etag, lm, n = obj.get("etag"), obj.get("lm"), obj.get("n", 0)
+        at, declared = obj.get("at"), obj.get("decl")
         return cls(
             url=url,
             key=str(obj["key"]),
@@ -263,6 +278,8 @@ class PartState:
             etag=etag if isinstance(etag, str) else None,
             last_modified=lm if isinstance(lm, str) else None,
             count=n if isinstance(n, int) else 0,
+            at=w3cdt.parse(at) if isinstance(at, str) else None,
+            declared=w3cdt.parse(declared) if isinstance(declared, str) else None,
         )
 
 

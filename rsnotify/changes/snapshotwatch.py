@@ -37,7 +37,7 @@ First read
     the snapshot is recorded; otherwise it re-baselines once
     (``CoverageHole``), then records.
 
-Why one module of ~610 lines
+Why one module of ~680 lines
     Reading a snapshot, comparing its parts, resuming a half-consumed diff
     and keeping the maps that checkpoints name are one state machine over
     one checkpoint format: split, each piece would need the others'
@@ -54,7 +54,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 from contextlib import closing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import IO, cast
 
@@ -88,6 +88,9 @@ __all__ = ["SnapshotWatcher"]
 # Checkpoints committed and not yet saved whose maps a watcher keeps (pin).  A
 # Destination submits far fewer diffs than this ahead of its saved cursor.
 UNSAVED = 64
+# Polls in a row that may find a part dated unlike its index before the lists
+# are compared as they are (see SnapshotWatcher._torn_read).
+TORN_POLLS = 3
 
 
 @dataclass(slots=True)
@@ -98,6 +101,7 @@ class _Parsed:
     parts: list[str] | None
     map: bytes = b""
     count: int = 0
+    declared: dict[str, datetime] = field(default_factory=dict)  # an index's parts' 'at'
 
 
 @dataclass(slots=True)
@@ -147,6 +151,8 @@ class SnapshotWatcher:
         self._unsaved: deque[tuple[Checkpoint, set[str]]] = deque(maxlen=1)
         self._pinned: set[str] = set()  # map keys of the durable checkpoint (pin)
         self._rebaselined = False  # a Destination re-baselines once before recording
+        self._torn = 0  # polls in a row that found a part unlike its index (_torn_read)
+        self._torn_warned = False
         self.reset(checkpoint)
 
     # -- the CollectionWatcher interface ----------------------------------------------
@@ -392,10 +398,14 @@ class SnapshotWatcher:
         diff = Diff() if keep_changes else None
         state = SnapshotState(url=url, at=before.at, etag=top.etag, last_modified=top.last_modified)
         part_urls: list[str] = []
+        declared: dict[str, datetime] = {}  # what the index says each part's 'at' is
         if top.not_modified:  # the index is the same: its parts may not be
             assert validators is not None
             state.index = True
             part_urls = list(validators.parts)
+            declared = {
+                u: p.declared for u, p in validators.parts.items() if p.declared is not None
+            }
             times: list[datetime | None] = [validators.at]
         else:
             digest = await _digest(top)
@@ -410,12 +420,15 @@ class SnapshotWatcher:
                 times = [result.at]
                 if result.parts is not None:
                     state.index = True
-                    part_urls = result.parts
+                    part_urls, declared = result.parts, result.declared
                 else:
                     state.parts[url] = await self._store(url, parsed, digest, result)
         for part_url in part_urls:
             seen = validators.parts.get(part_url) if validators else None
-            state.parts[part_url] = await self._read_part(part_url, seen, before, diff, times)
+            part = await self._read_part(part_url, seen, before, diff, times)
+            state.parts[part_url] = replace(part, declared=declared.get(part_url))
+        if keep_changes and self._torn_read(state):
+            return None  # compared again at the next poll
         if diff is not None:
             for gone in before.parts.values():  # parts the index no longer names
                 if gone.url not in state.parts:
@@ -430,6 +443,45 @@ class SnapshotWatcher:
         state.at = max([*dated, before.at]) if keep_changes else max(dated, default=w3cdt.now())
         changes = settle(diff, since=before.at, at=state.at) if diff is not None else []
         return _Read(state, changes)
+
+    def _torn_read(self, state: SnapshotState) -> bool:
+        """A part is not the one its index describes: read while the Source rewrote its lists?
+
+        Z39.99 section 10.2: each ``<sitemap>`` of a Resource List Index may
+        carry the ``at`` of its Resource List.  A Source rewrites its parts,
+        then its index; read between the two, a resource moved from one part
+        to another is in neither (a deletion now, a creation at the next
+        poll) or in both.  So a part whose own ``at`` differs from its
+        index's is not compared: the next poll reads the snapshot again, up
+        to :data:`TORN_POLLS` times, after which it is taken as it is (an
+        index that never gives its parts' ``at`` right), with one warning.
+        """
+        torn = [part for part in state.parts.values() if part.torn]
+        if not torn:
+            self._torn = 0
+            return False
+        first = torn[0]
+        assert first.at is not None and first.declared is not None
+        detail = (
+            f"{first.url} is dated {w3cdt.format(first.at)}, its index says "
+            f"{w3cdt.format(first.declared)} (Z39.99 section 10.2)"
+        )
+        if self._torn < TORN_POLLS:
+            self._torn += 1
+            log.info("%s: %s: read again at the next poll", self.collection, detail,
+                     extra={"collection": self.collection})  # fmt: skip
+            return True
+        if not self._torn_warned:
+            self._torn_warned = True
+            log.warning(
+                "%s: %s, %d polls in a row: comparing the lists as they are",
+                self.collection,
+                detail,
+                TORN_POLLS + 1,
+                extra={"collection": self.collection},
+            )
+        self._torn = 0
+        return False
 
     def _reader(self, fetched: Fetched, *, part: bool = False) -> sitemap.DocumentReader:
         source = fetched.file if fetched.file is not None else fetched.body
@@ -501,7 +553,12 @@ class SnapshotWatcher:
             reader = self._reader(parsed.fetched, part=part)
             header = reader.header
             if header.is_index:  # the top document only (a part that is one is refused)
-                return _Parsed(header.at, [entry.loc for entry in reader])
+                parts, declared = [], {}
+                for entry in reader:
+                    parts.append(entry.loc)
+                    if entry.at is not None:
+                        declared[entry.loc] = entry.at
+                return _Parsed(header.at, parts, declared=declared)
             data, count = compare_part(old_map, reader, diff)
             return _Parsed(header.at, None, data, count)
 
@@ -514,7 +571,9 @@ class SnapshotWatcher:
         key = map_key(result.map)
         await self.blobs.put(key, result.map)
         fetched = parsed.source
-        part = PartState(url, key, digest, fetched.etag, fetched.last_modified, result.count)
+        part = PartState(
+            url, key, digest, fetched.etag, fetched.last_modified, result.count, at=result.at
+        )
         return parsed.named(part)
 
     async def _map(self, part: PartState) -> bytes:
@@ -586,7 +645,7 @@ class _HashedReads:
 
 def _unchanged(part: PartState, fetched: Fetched, digest: str) -> PartState:
     """``part`` read again with the same bytes: its map stands, with the new validators."""
-    return PartState(part.url, part.key, digest, fetched.etag, fetched.last_modified, part.count)
+    return replace(part, digest=digest, etag=fetched.etag, last_modified=fetched.last_modified)
 
 
 def _keys(position: SnapshotPosition) -> set[str]:
