@@ -768,3 +768,17 @@ def test_an_index_that_never_agrees_with_its_part_is_compared_as_it_is_after_a_f
     assert _changes(_poll_and_commit(watcher)) == [("a", ChangeType.DELETED)]
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "section 10.2" in warnings[0], warnings
+
+
+def test_a_first_snapshot_read_mid_rewrite_is_recorded_once_the_source_is_done(
+    tmp_path: Path,
+) -> None:
+    """Recorded half-way, ``a`` would be in neither part, and "created" at the next poll."""
+    source = _index_source(tmp_path, "abcd", parts=2, declare=True)
+    source.set("a", 2, part=1)
+    source.publish(only={0})
+    watcher = _watcher(source, DirectoryAccess(source.root), tmp_path / "maps", Checkpoint())
+    assert _changes(_poll_and_commit(watcher)) == [] and watcher.checkpoint.snapshot is None
+    source.publish(minutes=0)
+    assert _changes(_poll_and_commit(watcher)) == [] and watcher.checkpoint.snapshot is not None
+    assert _changes(_poll_and_commit(watcher)) == []

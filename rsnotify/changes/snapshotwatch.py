@@ -340,6 +340,8 @@ class SnapshotWatcher:
 
     async def _first_read(self) -> _Read | None:
         state = await self._record()
+        if state is None:
+            return None  # read mid-rewrite (_torn_read): recorded at a later poll
         baseline_at = self.checkpoint.last_time
         if self.stop_at_holes and not self._rebaselined and baseline_at != state.at:
             self._rebaselined = True
@@ -353,12 +355,16 @@ class SnapshotWatcher:
             )
         return _Read(state, [])
 
-    async def _record(self) -> SnapshotState:
-        """Read every part and store its map: the first snapshot of this collection."""
+    async def _record(self) -> SnapshotState | None:
+        """Read every part and store its map: the first snapshot of this collection.
+
+        None for a snapshot read while the Source rewrote it (:meth:`_torn_read`):
+        recorded half-way, its next comparison would see a moved resource
+        created (or deleted) in the part it had not reached yet.
+        """
         empty = SnapshotState(url=self.resourcelist_url, at=w3cdt.now())
         read = await self._compare(empty, validators=None, keep_changes=False)
-        assert read is not None
-        return read.state
+        return None if read is None else read.state
 
     async def _compare(
         self,
@@ -370,7 +376,8 @@ class SnapshotWatcher:
         """Read the snapshot (conditionally, against ``validators``), compare it with ``before``.
 
         None when its content is ``before``'s (the validators read are kept
-        for the next poll).  ``keep_changes=False``: only record the maps.
+        for the next poll), or when it was read mid-rewrite (:meth:`_torn_read`).
+        ``keep_changes=False``: only record the maps.
         """
         url = self.resourcelist_url
         top = await self.access.read(
@@ -427,8 +434,8 @@ class SnapshotWatcher:
             seen = validators.parts.get(part_url) if validators else None
             part = await self._read_part(part_url, seen, before, diff, times)
             state.parts[part_url] = replace(part, declared=declared.get(part_url))
-        if keep_changes and self._torn_read(state):
-            return None  # compared again at the next poll
+        if self._torn_read(state):
+            return None  # read again at the next poll
         if diff is not None:
             for gone in before.parts.values():  # parts the index no longer names
                 if gone.url not in state.parts:
