@@ -88,8 +88,8 @@ __all__ = ["SnapshotWatcher"]
 # Checkpoints committed and not yet saved whose maps a watcher keeps (pin).  A
 # Destination submits far fewer diffs than this ahead of its saved cursor.
 UNSAVED = 64
-# Polls in a row that may find a part dated unlike its index before the lists
-# are compared as they are (see SnapshotWatcher._torn_read).
+# Polls in a row that may find a part dated unlike its index before the index's
+# dates are taken as unreliable (see SnapshotWatcher._torn_read).
 TORN_POLLS = 3
 
 
@@ -152,7 +152,7 @@ class SnapshotWatcher:
         self._pinned: set[str] = set()  # map keys of the durable checkpoint (pin)
         self._rebaselined = False  # a Destination re-baselines once before recording
         self._torn = 0  # polls in a row that found a part unlike its index (_torn_read)
-        self._torn_warned = False
+        self._index_unreliable = False  # its parts disagreed for TORN_POLLS polls: no check
         self.reset(checkpoint)
 
     # -- the CollectionWatcher interface ----------------------------------------------
@@ -459,10 +459,14 @@ class SnapshotWatcher:
         then its index; read between the two, a resource moved from one part
         to another is in neither (a deletion now, a creation at the next
         poll) or in both.  So a part whose own ``at`` differs from its
-        index's is not compared: the next poll reads the snapshot again, up
-        to :data:`TORN_POLLS` times, after which it is taken as it is (an
-        index that never gives its parts' ``at`` right), with one warning.
+        index's is not compared: the next poll reads the snapshot again.  A
+        Source caught mid-rewrite is done by the next poll or so; one whose
+        parts still disagree after :data:`TORN_POLLS` polls has an index that
+        does not keep its parts' ``at``, and from then on this watcher
+        compares its lists as they are (one warning says so).
         """
+        if self._index_unreliable:
+            return False
         torn = [part for part in state.parts.values() if part.torn]
         if not torn:
             self._torn = 0
@@ -478,16 +482,15 @@ class SnapshotWatcher:
             log.info("%s: %s: read again at the next poll", self.collection, detail,
                      extra={"collection": self.collection})  # fmt: skip
             return True
-        if not self._torn_warned:
-            self._torn_warned = True
-            log.warning(
-                "%s: %s, %d polls in a row: comparing the lists as they are",
-                self.collection,
-                detail,
-                TORN_POLLS + 1,
-                extra={"collection": self.collection},
-            )
-        self._torn = 0
+        self._index_unreliable = True
+        log.warning(
+            "%s: %s, %d polls in a row: the index does not keep its parts' dates; "
+            "comparing the lists as they are from now on",
+            self.collection,
+            detail,
+            TORN_POLLS + 1,
+            extra={"collection": self.collection},
+        )
         return False
 
     def _reader(self, fetched: Fetched, *, part: bool = False) -> sitemap.DocumentReader:
