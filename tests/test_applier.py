@@ -1270,7 +1270,8 @@ async def test_cancelling_a_baseline_leaves_the_change_it_waits_for_to_its_owner
         baseline(env.fetcher, applier, source.url("/resourcelist.xml"), collection="c")
     )
     await async_wait_for(lambda: "/a" in source.requests, timeout=10)
-    await async_wait_for(lambda: env.path("/b").exists(), timeout=10)
+    # /b done, not only its file in place (its state is recorded after the rename).
+    await async_wait_for(lambda: env.path("/b").exists() and applier.pending == 1, timeout=10)
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
