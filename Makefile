@@ -43,8 +43,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check rsnotify tests bench
 	$(VENV)/bin/mypy
 
+# Four worker processes on two cores: the tests mostly wait on brokers, servers and
+# subprocesses they start (each on its own free ports), so they overlap well.  Every
+# test passes alone too: `.venv/bin/pytest tests/test_x.py` runs in one process.
+# worksteal: a worker that runs dry takes tests from a busy one (the slowest take 30-60 s).
+TEST_WORKERS ?= 4
 test: $(STAMP) services lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 bench: $(STAMP) services
 	$(PY) -m bench.parse
