@@ -131,7 +131,7 @@ class MqttPusher:
         drain_timeout: float = 5.0,
         cursor_interval: float = 0.05,
         reconnect_min: float = 0.25,
-        reconnect_max: float = 30.0,
+        reconnect_max: float = 10.0,
         renderer: outbound.Renderer | None = None,
         legacy_topics: bool = False,
         publisher_id: str | None = None,

@@ -19,7 +19,7 @@ three need and none should write again:
   exponential backoff and jitter from ``reconnect_min`` to ``reconnect_max``
   (straight to ``reconnect_max`` for refusals waiting will not fix: bad
   credentials, a banned client, a protocol neither side speaks), and says
-  when the next attempt comes: ``...; retrying in 3.2 s (backoff up to 30 s,
+  when the next attempt comes: ``...; retrying in 3.2 s (backoff up to 10 s,
   until it works)``.  A broker is an optional fast path for every client
   (the publisher logs everything, a Destination polls the Change Lists), so
   no client exits because a broker is away.
@@ -148,7 +148,7 @@ class BrokerLink:
         tls: ssl.SSLContext | None = None,
         session_expiry: int | None = None,
         reconnect_min: float = 0.25,
-        reconnect_max: float = 30.0,
+        reconnect_max: float = 10.0,
         stats: LinkStats | None = None,
         max_inflight: int | None = None,
         max_queued: int | None = None,
