@@ -343,10 +343,12 @@ async def test_a_burst_larger_than_the_ring_reaches_a_live_client_from_memory(
 
     5,000 records of ~4 KB (more than loopback socket buffers absorb) are
     appended as fast as the log takes them, with a ring of 100, while the
-    client, after 100 frames, is busy elsewhere for 1.5 s.  Unpaced
-    (``pace_grace=0``, the control case) the tailer reads on during that
-    pause and pushes the client out of the ring; paced, it waits for the
-    client (the grace of 5 s exceeds the pause).
+    client, after 100 frames, is busy elsewhere: for 1.5 s when paced, where
+    the tailer waits for the client (the grace of 5 s exceeds the pause).
+    Unpaced (``pace_grace=0``, the control case) the client stays busy until
+    the tailer has read all 5,000 (not for a fixed time: with the machine
+    loaded the log once filled too slowly for 1.5 s to overflow the ring),
+    which pushes it out of the ring.
     """
     gateway = await gateways(log, queue_size=100, pace_grace=5.0 if paced else 0.0)
     async with connect(url(gateway, f"/{C1}"), max_queue=4) as ws:
@@ -361,8 +363,14 @@ async def test_a_burst_larger_than_the_ring_reaches_a_live_client_from_memory(
                     frames and frames[-1]["type"] == "skipped" and frames[-1]["resume"] > 5_000
                 ):
                     frames.append(json.loads(await ws.recv()))
-                    if len(frames) == 100:
+                    if len(frames) == 100 and paced:
                         await asyncio.sleep(1.5)  # the scenario: the client is busy elsewhere
+                    elif len(frames) == 100:
+                        await async_wait_for(
+                            lambda: (gateway.position(C1) or 0) >= 5_000,
+                            timeout=40,
+                            message="the unpaced tailer never read the whole burst",
+                        )
         except TimeoutError:
             seqs = [f["seq"] for f in notifications(frames)]
             kinds = sorted({f["type"] for f in frames})
