@@ -540,7 +540,11 @@ async def test_dir_copy_served_statically_equals_the_live_server(
     async with running(
         rate=3000,
         collections=2,
-        resources=30,
+        # 80 each: the resource count walks (creations and deletions 1:1, a few
+        # hundred per collection before the pause lands); from 30 it once ended
+        # at 16 or fewer, a Resource List without index parts, with the pause
+        # landing late under load.
+        resources=80,
         changelist_size=250,
         resourcelist_size=16,
         dir=out,
