@@ -132,3 +132,40 @@ def test_a_batch_the_database_disagrees_with_is_rolled_back(
         assert _tables(db) == before
     finally:
         db.close()
+
+
+async def test_a_store_that_indexed_its_log_by_loc_loses_that_index_and_keeps_the_log(
+    tmp_path: Path,
+) -> None:
+    """The apply log is written far more than read: no index on loc (see resources)."""
+    path = tmp_path / "resources.sqlite3"
+    db = _open(path)
+    db.executescript(
+        "CREATE INDEX apply_log_by_loc ON apply_log(loc, id);"  # what older stores had
+        "CREATE INDEX an_operators_own ON apply_log(outcome);"
+    )
+    batch = _batch(random.Random(3), 60)
+    record_many(db, batch)
+    written = _tables(db)
+    db.close()
+
+    store = ResourceStore(path)
+    try:
+        one = await store.apply_log("http://s/5")
+        whole = await store.apply_log()
+    finally:
+        await store.close()
+    assert [record.id for record in whole] == [row[0] for row in written[1]]
+    assert [record.id for record in one] == [
+        row[0] for row in written[1] if row[1] == "http://s/5"
+    ]
+    assert one  # the seed writes that loc
+    db = sqlite3.connect(path)
+    try:
+        indexes = db.execute(
+            "SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='apply_log'"
+        ).fetchall()
+        assert _tables(db) == written
+    finally:
+        db.close()
+    assert indexes == [("an_operators_own",)]

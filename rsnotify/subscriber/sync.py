@@ -789,9 +789,9 @@ class CollectionSync:
         ``after`` the last of them.  Handed over list by list (1,000 entries
         in a simulator's list), the first transactions were of one list each:
         each transaction rewrites every page its rows touch in the write-ahead
-        log, all over the apply log's (loc, id) index, and 50,000 rows in
-        transactions of 1,000 cost the store's thread 0.78 s of CPU, of
-        10,000 0.50 s.
+        log (then all over the apply log's index by loc, since dropped: see
+        :mod:`.resources`), and 50,000 rows in transactions of 1,000 cost the
+        store's thread 0.78 s of CPU, of 10,000 0.50 s.
         """
         held_views, held_entries = self._held
         held_views += views
