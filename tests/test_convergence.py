@@ -15,9 +15,9 @@ What must hold at the end, after the Source is frozen:
 * the faults really happened and really hurt: every kill hit a running
   process mid-run, the WebSocket subscriber that stayed down past the log's
   retention was told ``gap_too_old`` and caught up from the Change List Index,
-  and the MQTT subscriber outlived Mosquitto's per-client queue, saw sequence
-  jumps (queue overflow, log trimmed while the broker was down, messages lost
-  with the broker) and caught up from the Change Lists.
+  and the MQTT subscriber outlived Mosquitto's per-client queue (the drops
+  seen as a sequence jump, or read past by its start-up catch-up, as the
+  machine's load decides) and caught up from the Change Lists.
 
 The same file holds two smaller scenarios: a broker that silently drops
 messages for a slow subscriber, and two mirrors on one broker whose long
@@ -278,10 +278,12 @@ def test_mirrors_converge_under_faults(
     assert messages(ws, "replay: from seq"), "no replay from the log was asked for"
     assert messages(ws, "log no longer holds"), "the long-down subscriber was never refused"
     assert max(n for n, _ in catchups(ws)) > RETAIN, catchups(ws)
-    # The MQTT subscriber outlived the broker's queue, saw sequence jumps and
-    # caught up from the Change Lists.
+    # The MQTT subscriber outlived the broker's queue and caught up from the
+    # Change Lists.  Whether it saw the drops as a sequence jump or its
+    # start-up catch-up read past them first is a race of this machine's load
+    # (both are right; the mirror converged above): a jump is what
+    # test_silent_broker_drops_are_caught_up below makes certain.
     assert "Outgoing messages are being dropped" in broker.log_text()
-    assert messages(mq, "gap: sequence jump"), "no sequence jump was detected over MQTT"
     assert max(n for n, _ in catchups(mq)) > 1000 / 2, catchups(mq)
 
 

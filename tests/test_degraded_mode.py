@@ -27,7 +27,7 @@ from typing import Any
 from rsnotify.subscriber.pushhealth import PushHealth
 from rsnotify.subscriber.resources import ApplyRecord
 from tests.devstack import ManagedProcess, Mosquitto, free_port, wait_for
-from tests.helpers import freeze_and_converge, get_json, read_apply_log
+from tests.helpers import freeze_and_converge, get_json, post_json, read_apply_log
 
 RunProcess = Callable[..., ManagedProcess]
 POLL = 2.0  # --degraded-poll in these tests
@@ -123,7 +123,9 @@ def _gauges(port: int) -> dict[str, float]:
 def test_push_unreachable_from_the_start_polls_and_stays_close(
     rsnotify_process: RunProcess, tmp_path: Path
 ) -> None:
-    source = _simulate(rsnotify_process, "--rate", "5", "--max-changes", "60")
+    # Paused until the subscriber polls: a change made while it was still starting
+    # (seconds, on a loaded machine) would measure its start-up, not its polling.
+    source = _simulate(rsnotify_process, "--rate", "5", "--max-changes", "60", "--paused")
     mirror = tmp_path / "mirror"
     closed = f"mqtt://127.0.0.1:{free_port()}"  # nothing listens there
     metrics = free_port()
@@ -133,6 +135,7 @@ def test_push_unreachable_from_the_start_polls_and_stays_close(
     # Polling is not live: the gauges say so while the mirror keeps up.
     polling = {"rsnotify_subscriber_live": 0.0, "rsnotify_subscriber_polling": 1.0}
     wait_for(lambda: _gauges(metrics) == polling, timeout=30, message="gauges never said polling")
+    post_json(f"{source}_simulator/resume")
     freeze_and_converge(source, mirror, finish_timeout=60, converge_timeout=POLL + SLACK + 5)
     records = asyncio.run(read_apply_log(mirror))
     assert _worst_lag(records) <= POLL + AFTER + SLACK
