@@ -9,9 +9,11 @@ hostile package is refused or falls back to fetching.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import zipfile
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +25,7 @@ from rsnotify.subscriber.changedump import Packaged, bodies_from_change_dump, ex
 from tests.devstack import ManagedProcess
 from tests.groundtruth import mirror_differences
 from tests.helpers import get_json as get_json_sync
-from tests.helpers import post_json
+from tests.helpers import post_json, read_apply_log
 from tests.test_applier import Env, Source, _zip, at, env, fixity, source  # noqa: F401  (fixtures)
 from tests.test_simulator import body, get_json, post, running
 
@@ -94,6 +96,7 @@ def test_a_destination_away_for_many_changes_catches_up_from_the_packages(
             "--state", str(tmp_path / "state"), "--once", "--log-format", "text")  # fmt: skip
     first = rsnotify_process(*argv, name="baseline")
     assert first.wait(timeout=120) == 0, first.tail()
+    before_at = datetime.now(UTC)  # every change of the walk is later
     post_json(f"{base}_simulator/advance?n={changes + per_list // 2}")  # the last list open
     before = get_json_sync(f"{base}_simulator/stats")
     catching = rsnotify_process(*argv, name="catch-up")
@@ -110,6 +113,20 @@ def test_a_destination_away_for_many_changes_catches_up_from_the_packages(
     # Changes a later one of the walk supersedes are recorded at once, never fetched.
     assert "superseded by newer ones of the same walk" in output
     assert not list((tmp_path / "state").rglob("*.zip"))  # packages removed once read
+    # Deletions too: a deletion the walk lists a later change of is not carried out
+    # (that change writes or deletes the file), and the mirror still equals the Source.
+    records = asyncio.run(read_apply_log(tmp_path / "mirror", tmp_path / "state"))
+    baseline_end = max(r.id for r in records if r.datetime <= before_at)
+    walk = [r for r in records if r.id > baseline_end]
+    later: dict[str, datetime] = {}
+    for record in walk:
+        later[record.loc] = max(later.get(record.loc, record.datetime), record.datetime)
+    deletions = [r for r in walk if r.change is ChangeType.DELETED]
+    superseded = [r for r in deletions if r.outcome == Outcome.SUPERSEDED.value]
+    carried_out = [r for r in deletions if r.outcome == Outcome.DELETED.value]
+    assert superseded and carried_out, Counter(r.outcome for r in deletions)
+    assert all(later[r.loc] > r.datetime for r in superseded)
+    assert all(later[r.loc] == r.datetime for r in carried_out), "a moot deletion ran"
 
 
 # --- hostile packages: refused, or fetched instead; never outside the mirror ---------------

@@ -354,10 +354,13 @@ class Applier:
         these resources, submitted right after: :meth:`_apply` would only find
         that newer change queued and record :attr:`Outcome.SUPERSEDED` (no
         fetch, no hook), one task, state read, log line and transaction per
-        change, which after a long outage was most of a catch-up's cost.
-        Created/updated changes only (a deletion still deletes), never in
-        ``metadata_only`` (every change is recorded there).  ``changes`` may
-        be views already read (:meth:`read_many`).
+        change, which after a long outage was most of a catch-up's cost.  A
+        deletion is superseded the same way, by the walk only (the later
+        change is the Source's own word, and it writes or deletes the file):
+        :meth:`_apply` still unlinks a confirmed deletion whatever is queued,
+        since a queued pushed change may be forged.  The state is kept; never
+        in ``metadata_only`` (every change is recorded there).  ``changes``
+        may be views already read (:meth:`read_many`).
         """
         rows: list[tuple[tuple[Any, ...], int]] = []
         now = datetime.now(UTC)  # one stamp: one transaction
@@ -367,8 +370,8 @@ class Applier:
                 if isinstance(change, ChangeView)
                 else read_change(change, max_skew=self.max_skew)
             )
-            if self.metadata_only or view.change is ChangeType.DELETED:
-                raise ValueError(f"{view.loc}: only created/updated changes are superseded")
+            if self.metadata_only:
+                raise ValueError(f"{view.loc}: every change is recorded in metadata-only mode")
             row = self.resources.row(
                 view.loc,
                 view.change,

@@ -811,14 +811,19 @@ class CollectionSync:
         self._wake.set()
 
     def _supersede(self, batch: list[_Found]) -> list[ChangeView]:
-        """Mark the walk's created/updated changes that a later one of the walk supersedes.
+        """Mark the walk's changes that a later one of the walk supersedes.
 
-        The applier would record each as superseded anyway (the later change
-        is queued behind it, :meth:`Applier._newer_queued`); recorded in one
-        transaction (:meth:`Applier.supersede_many`, by the caller, which gets
-        them back), they cost no task.  Only from lists read in order: out of
-        order, a later time is not a later change.  Not in metadata-only mode,
-        where every change is recorded.
+        A created/updated change the applier would record as superseded
+        anyway (the later change is queued behind it,
+        :meth:`Applier._newer_queued`); a deletion too: the later change,
+        listed by the Source in the same walk, decides what the mirror holds
+        (it writes the file or deletes it), so the unlink before it is wasted
+        work (a 50,000-change catch-up held 9,900 such deletions, most of its
+        mirror operations).  Recorded in one transaction
+        (:meth:`Applier.supersede_many`, by the caller, which gets them back),
+        they cost no task.  Only from lists read in order: out of order, a
+        later time is not a later change.  Not in metadata-only mode, where
+        every change is recorded.
         """
         for item in batch:
             item.superseded = [False] * len(item.entries)
@@ -840,7 +845,6 @@ class CollectionSync:
                     when is not None
                     and when < latest[entry.loc]  # strictly: as Applier._newer_queued
                     and not item.settled[i]
-                    and entry.change is not ChangeType.DELETED
                     and (not check or self._submitted.is_new(entry))
                 ):
                     item.superseded[i] = True
