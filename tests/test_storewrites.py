@@ -156,9 +156,7 @@ async def test_a_store_that_indexed_its_log_by_loc_loses_that_index_and_keeps_th
     finally:
         await store.close()
     assert [record.id for record in whole] == [row[0] for row in written[1]]
-    assert [record.id for record in one] == [
-        row[0] for row in written[1] if row[1] == "http://s/5"
-    ]
+    assert [record.id for record in one] == [row[0] for row in written[1] if row[1] == "http://s/5"]
     assert one  # the seed writes that loc
     db = sqlite3.connect(path)
     try:
