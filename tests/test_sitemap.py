@@ -293,6 +293,31 @@ def test_too_many_entries() -> None:
     assert caught.value.line == body_line(4)
 
 
+def test_only_locs_reads_the_entries_asked_for_and_frees_the_rest_unread() -> None:
+    """For a Change Dump manifest, of which a catch-up wants a few members."""
+    wanted = {"http://example.com/b", "http://example.com/d"}
+    data = changelist(
+        change("http://example.com/a", "2013-01-03T10:00:00Z"),
+        change(" http://example.com/b\n", "2013-01-03T11:00:00Z"),  # anyURI: whitespace
+        change("http://example.com/c", "not a datetime"),  # not read, so not refused
+        change("http://example.com/d", "2013-01-03T12:00:00Z", "deleted"),
+    )
+    found = parse(data, only_locs=wanted)
+    assert [(e.loc, e.change) for e in found] == [
+        ("http://example.com/b", ChangeType.UPDATED),
+        ("http://example.com/d", ChangeType.DELETED),
+    ]
+    with pytest.raises(InvalidDatetime):
+        parse(data)  # the same document read whole
+    # What would break the document's structure is refused whether wanted or not.
+    nested = changelist(
+        change("http://example.com/a", "2013-01-03T10:00:00Z"),
+        "<url><loc>http://example.com/b<url><loc>http://example.com/x</loc></url></loc></url>",
+    )
+    with pytest.raises(InvalidDocument):
+        parse(nested, only_locs={"http://example.com/a"})
+
+
 # --- sources and limits ---------------------------------------------------------------
 
 

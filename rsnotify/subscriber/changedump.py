@@ -149,7 +149,12 @@ def extract(path: Path, package: str, wanted: dict[Key, Entry], result: Packaged
     """
     try:
         with zipfile.ZipFile(path) as archive:
-            members = read_manifest(archive, package, Capability.CHANGEDUMP_MANIFEST)
+            # Only the members of the resources still wanted are read (a catch-up
+            # wants the last change of each resource: a few per package).
+            locs = {loc for loc, _ in wanted}
+            members = read_manifest(
+                archive, package, Capability.CHANGEDUMP_MANIFEST, only_locs=locs
+            )
             budget = MAX_HELD_BYTES - result.held_bytes
             for member in members:
                 key = key_of(member)

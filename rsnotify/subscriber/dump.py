@@ -108,8 +108,14 @@ def read_manifest(
     archive: zipfile.ZipFile,
     package: str,
     capability: Capability = Capability.RESOURCEDUMP_MANIFEST,
+    *,
+    only_locs: Collection[str] | None = None,
 ) -> list[Entry]:
-    """The entries of the package's top-level ``manifest.xml`` (sections 11.2 and 13.1.1)."""
+    """The entries of the package's top-level ``manifest.xml`` (sections 11.2 and 13.1.1).
+
+    ``only_locs``: only the entries for these resources (the rest are not
+    read: :class:`rsnotify.sitemap.DocumentReader`).
+    """
     try:
         info = archive.getinfo(MANIFEST_NAME)
     except KeyError:
@@ -118,7 +124,7 @@ def read_manifest(
         raise UnusableDump(f"{package}: {MANIFEST_NAME} is larger than the document limit")
     with archive.open(info) as handle:
         body = handle.read(sitemap.MAX_DOCUMENT_BYTES + 1)
-    document = sitemap.parse(body)
+    document = sitemap.parse(body, only_locs=only_locs)
     if document.capability != capability:
         raise UnusableDump(f"{package}: {MANIFEST_NAME} is not a {capability} document")
     return list(document.entries)
