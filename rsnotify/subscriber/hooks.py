@@ -30,7 +30,9 @@ class Hooks:
     Sync and async callables are both accepted; a hook that raises is logged
     and does not change the outcome.  ``on_failed(change, outcome, detail)``
     runs for every outcome that is not :attr:`.rules.Outcome.done`.  Hooks of one
-    resource run in the order its changes are applied.  With ``metadata_only``
+    resource run in the order its changes are applied; a change a later one of
+    its resource supersedes (queued behind it, or later in the same catch-up
+    walk: a deletion too) runs none, the later one's runs.  With ``metadata_only``
     the hooks still run (that is how a Destination that fetches elsewhere
     learns of changes); ``path`` is then where the file would be.
     """
