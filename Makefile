@@ -41,6 +41,7 @@ services:
 # mypy: strict on the modules pyproject.toml lists, the default level elsewhere.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rsnotify tests bench
+	$(VENV)/bin/ruff format --check rsnotify tests bench
 	$(VENV)/bin/mypy
 
 # Four worker processes on two cores: the tests mostly wait on brokers, servers and
