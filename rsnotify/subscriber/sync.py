@@ -818,8 +818,8 @@ class CollectionSync:
         :meth:`Applier._newer_queued`); a deletion too: the later change,
         listed by the Source in the same walk, decides what the mirror holds
         (it writes the file or deletes it), so the unlink before it is wasted
-        work (a 50,000-change catch-up held 9,900 such deletions, most of its
-        mirror operations).  Recorded in one transaction
+        work (2,544 of the 9,924 deletions of a 50,000-change catch-up in
+        bench.e2e).  Recorded in one transaction
         (:meth:`Applier.supersede_many`, by the caller, which gets them back),
         they cost no task.  Only from lists read in order: out of order, a
         later time is not a later change.  Not in metadata-only mode, where
