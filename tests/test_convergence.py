@@ -93,6 +93,16 @@ class Run:
     def note(self, what: str, detail: str = "") -> None:
         self.faults.append(Fault(what, self.progress(), detail))
 
+    def after_last(self, what: str, changes: int, at_least: int) -> Callable[[], int]:
+        """A plan point ``changes`` past the last ``what`` fault, and not before ``at_least``.
+
+        An outage that must outlast a retention is measured from when its kill
+        really happened: on a loaded machine an earlier step (a publisher
+        restart) can hold the plan back by seconds, and a fixed point would
+        shorten the outage below what the test asserts it was.
+        """
+        return lambda: max(at_least, [f for f in self.faults if f.what == what][-1].at + changes)
+
     # -- faults --
 
     def kill_subscriber(self, name: str) -> None:
@@ -184,7 +194,10 @@ def test_mirrors_converge_under_faults(
     # may replay from the log, if the restart beats its retention); the second
     # WebSocket outage outlasts the log's retention and the second MQTT outage
     # outlasts Mosquitto's per-client queue (1000 messages by default).
-    plan: list[tuple[int, Callable[[], None]]] = [
+    # Outages that must outlast a retention end relative to their kill.
+    long_ws_down = 2 * RETAIN + 200
+    long_mqtt_down = 2 * 1000 + 100  # 2 collections, 1000 queued messages per client
+    plan: list[tuple[int | Callable[[], int], Callable[[], None]]] = [
         (400, lambda: run.kill_subscriber("mqtt")),
         (600, lambda: run.start_subscriber("mqtt")),
         (900, lambda: run.kill_subscriber("ws")),
@@ -193,8 +206,14 @@ def test_mirrors_converge_under_faults(
         (2800, run.kill_publisher),
         (3300, lambda: run.kill_subscriber("ws")),
         (3500, lambda: run.kill_subscriber("mqtt")),
-        (4800, lambda: run.start_subscriber("ws")),
-        (5600, lambda: run.start_subscriber("mqtt")),
+        (
+            run.after_last("kill -9 subscriber ws", long_ws_down, 4800),
+            lambda: run.start_subscriber("ws"),
+        ),
+        (
+            run.after_last("kill -9 subscriber mqtt", long_mqtt_down, 5600),
+            lambda: run.start_subscriber("mqtt"),
+        ),
         (6300, run.broker_outage),
         (7800, lambda: run.kill_subscriber("mqtt")),
         (8000, lambda: run.start_subscriber("mqtt")),
@@ -202,7 +221,7 @@ def test_mirrors_converge_under_faults(
         (8400, lambda: run.start_subscriber("ws")),
     ]
     for at, action in plan:
-        run.wait_progress(at)
+        run.wait_progress(at if isinstance(at, int) else at())
         action()
     wait_for(
         lambda: get_json(f"{source}_simulator/stats")["finished"],
