@@ -1051,13 +1051,18 @@ async def test_deletes_waiting_for_the_disk_hold_no_transfer_slot(
     slots for a batch's tens of milliseconds, left the fetches too few slots.
     """
     disk = asyncio.Event()
-    real_delete = env.mirror.delete
+    real_delete, real_delete_many = env.mirror.delete, env.mirror.delete_many
 
     async def slow_delete(path: Path | str) -> bool:
         await disk.wait()  # a write batch that takes its time
         return await real_delete(path)
 
+    async def slow_delete_many(paths: list[Path]) -> list[bool | BaseException]:
+        await disk.wait()  # grouped deletions (rsnotify.subscriber.deletions) alike
+        return await real_delete_many(paths)
+
     monkeypatch.setattr(env.mirror, "delete", slow_delete)
+    monkeypatch.setattr(env.mirror, "delete_many", slow_delete_many)
     source.files["/kept"] = b"kept"
     applier = env.applier(concurrency=1)
     deletes = [applier.submit(env.note(f"/gone/{i}", "deleted")) for i in range(3)]
@@ -1084,6 +1089,175 @@ async def test_local_failures_are_raised_not_reported_as_outcomes(env: Env, sour
     with pytest.raises(ResourceStoreError):
         future.result()
     assert source.requests == []
+
+
+# --- deletions applied as a group (rsnotify.subscriber.deletions) ----------------------
+
+
+class Counting:
+    """Wraps the mirror's and the store's calls a group makes, to count them (and gate one)."""
+
+    def __init__(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.deletes: list[Path | str] = []
+        self.delete_many: list[list[Path]] = []
+        self.record_rows: list[int] = []
+        self.gate: asyncio.Event | None = None
+        real_delete, real_many = env.mirror.delete, env.mirror.delete_many
+        real_rows = env.store.record_rows
+
+        async def delete(path: Path | str) -> bool:
+            self.deletes.append(path)
+            return await real_delete(path)
+
+        async def delete_many(paths: list[Path]) -> list[bool | BaseException]:
+            self.delete_many.append(paths)
+            if self.gate is not None:
+                await self.gate.wait()
+            return await real_many(paths)
+
+        async def record_rows(rows: list[tuple[tuple[Any, ...], int]]) -> list[bool]:
+            self.record_rows.append(len(rows))
+            return await real_rows(rows)
+
+        monkeypatch.setattr(env.mirror, "delete", delete)
+        monkeypatch.setattr(env.mirror, "delete_many", delete_many)
+        monkeypatch.setattr(env.store, "record_rows", record_rows)
+
+
+async def test_deletions_submitted_together_are_one_unlink_batch_and_one_transaction(
+    env: Env, source: Source, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A walk's thousands of deletions: no task, queue slot and row commit each."""
+    applier = env.applier(hooks=env.recording_hooks())
+    held = [f"/held/{i}" for i in range(3)]
+    for path in held:
+        source.files[path] = path.encode()
+        assert await applier.apply(env.note(path, body=path.encode(), when=at(1))) is (
+            Outcome.APPLIED
+        )
+    never = [f"/never/{i}" for i in range(47)]  # created and deleted while we were away
+    calls = Counting(env, monkeypatch)
+    futures = [applier.submit(env.note(p, "deleted", at(2))) for p in held + never]
+    assert await asyncio.wait_for(asyncio.gather(*futures), 10) == [Outcome.DELETED] * 50
+    assert [len(paths) for paths in calls.delete_many] == [50] and calls.deletes == []
+    assert calls.record_rows == [50]
+    assert not any(env.path(p).exists() for p in held)
+    assert [k for k, _, _ in env.events] == ["created"] * 3 + ["deleted"] * 50
+    for path in held:
+        assert [(r.outcome, r.detail) for r in await env.store.apply_log(source.url(path))] == [
+            ("applied", None),
+            ("deleted", None),
+        ]
+    assert [(r.outcome, r.detail) for r in await env.store.apply_log(source.url(never[0]))] == [
+        ("deleted", "no file to remove")
+    ]
+    state = await env.store.get(source.url(held[0]))
+    assert state is not None and (state.change, state.datetime) == (ChangeType.DELETED, at(2))
+    assert applier.pending == 0
+
+
+async def test_a_grouped_deletion_the_state_questions_goes_the_per_change_way(
+    env: Env, source: Source, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Older than what the mirror holds (back-dated): the Source is asked, as for one deletion."""
+    source.files["/x"] = b"x"
+    applier = env.applier()
+    assert await applier.apply(env.note("/x", body=b"x", when=at(5))) is Outcome.APPLIED
+    calls = Counting(env, monkeypatch)
+    x = applier.submit(env.note("/x", "deleted", at(2)))  # the Source still serves /x
+    y = applier.submit(env.note("/y", "deleted", at(2)))
+    assert await asyncio.wait_for(asyncio.gather(x, y), 10) == [Outcome.OUTDATED, Outcome.DELETED]
+    assert env.path("/x").read_bytes() == b"x"
+    assert source.requests.count("/x") == 2  # the creation's fetch, then the question
+    assert [len(paths) for paths in calls.delete_many] == [1]  # /y only
+
+
+async def test_a_change_after_a_grouped_deletion_of_its_resource_waits_for_it(
+    env: Env, source: Source, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source.files["/z"] = b"again"
+    source.files["/w"] = b"w"
+    applier = env.applier(hooks=env.recording_hooks())
+    calls = Counting(env, monkeypatch)
+    calls.gate = asyncio.Event()  # the group's unlinks take their time
+    deletion = applier.submit(env.note("/z", "deleted", at(1)))
+    creation = applier.submit(env.note("/z", "created", at(2), body=b"again"))
+    unrelated = applier.submit(env.note("/w", "created", at(2), body=b"w"))
+    await async_wait_for(lambda: bool(calls.delete_many), timeout=10)
+    # A creation submitted with it is fetched and written meanwhile: /z's had every chance.
+    assert await asyncio.wait_for(unrelated, 10) is Outcome.APPLIED
+    assert not creation.done() and "/z" not in source.requests
+    calls.gate.set()
+    assert await asyncio.wait_for(asyncio.gather(deletion, creation), 10) == [
+        Outcome.DELETED,
+        Outcome.APPLIED,
+    ]
+    assert env.path("/z").read_bytes() == b"again"
+    assert [k for k, loc, _ in env.events if loc == source.url("/z")] == ["deleted", "created"]
+
+
+async def test_refused_and_unsafe_deletions_in_a_group_are_reported_alone(
+    env: Env, source: Source, other: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_bytes(b"keep")
+    host_dir = env.path("/anything").parent
+    host_dir.mkdir(parents=True)
+    (host_dir / "docs").symlink_to(outside, target_is_directory=True)
+    applier = env.applier(hooks=env.recording_hooks())
+    calls = Counting(env, monkeypatch)
+    futures = [
+        applier.submit(env.note(other.url("/secret"), "deleted", at(1))),  # forged origin
+        applier.submit(env.note("/docs/keep.txt", "deleted", at(1))),  # through a symlink
+        applier.submit(env.note("/fine", "deleted", at(1))),
+    ]
+    assert await asyncio.wait_for(asyncio.gather(*futures), 10) == [
+        Outcome.REFUSED_ORIGIN,
+        Outcome.UNSAFE_PATH,
+        Outcome.DELETED,
+    ]
+    assert (outside / "keep.txt").read_bytes() == b"keep"
+    assert [len(paths) for paths in calls.delete_many] == [2]  # the origin is refused first
+    assert [outcome for _, outcome in env.failures] == [
+        Outcome.REFUSED_ORIGIN,
+        Outcome.UNSAFE_PATH,
+    ]
+    assert [k for k, _, _ in env.events] == ["deleted"]
+
+
+async def test_abandoning_a_group_unlinks_and_records_nothing_more(
+    env: Env, source: Source, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    applier = env.applier()
+    for i in range(5):
+        source.files[f"/k/{i}"] = b"k"
+        assert await applier.apply(env.note(f"/k/{i}", body=b"k", when=at(1))) is Outcome.APPLIED
+    calls = Counting(env, monkeypatch)
+    calls.gate = asyncio.Event()
+    futures = [applier.submit(env.note(f"/k/{i}", "deleted", at(2))) for i in range(5)]
+    await async_wait_for(lambda: bool(calls.delete_many), timeout=10)
+    await asyncio.wait_for(applier.abandon(futures), 10)
+    assert all(f.cancelled() for f in futures) and applier.pending == 0
+    calls.gate.set()
+    source.files["/after"] = b"a"  # a change applied after it: a straggler had its turn
+    assert await applier.apply(env.note("/after", body=b"a", when=at(3))) is Outcome.APPLIED
+    await env.mirror.settle()
+    assert all(env.path(f"/k/{i}").exists() for i in range(5))
+    assert calls.record_rows == []
+    # The restart resubmits them, and they apply.
+    again = [applier.submit(env.note(f"/k/{i}", "deleted", at(2))) for i in range(5)]
+    assert await asyncio.wait_for(asyncio.gather(*again), 10) == [Outcome.DELETED] * 5
+
+
+async def test_a_group_that_cannot_reach_the_store_fails_each_deletion(env: Env) -> None:
+    applier = env.applier()
+    await env.store.close()
+    futures = [applier.submit(env.note(f"/d/{i}", "deleted", at(1))) for i in range(3)]
+    for future in futures:
+        with pytest.raises(ResourceStoreError):
+            await asyncio.wait_for(future, 10)
+    assert applier.pending == 0
 
 
 # --- the resource store on its own ------------------------------------------------------

@@ -20,7 +20,10 @@ catching up) becomes bytes on the Destination's disk.  Its guarantees:
   retry backoff holds no slot.  With ``metadata_only`` changes go to the batch
   recorder, in submission order, but for an unconfirmed deletion (it asks the
   Source): that one is chained after all the recorder holds, and a later change
-  of its ``loc`` follows it down the chain (:mod:`.recorder`).
+  of its ``loc`` follows it down the chain (:mod:`.recorder`).  The
+  Source's own deletions (confirmed, from lists read in order) of resources
+  with nothing queued are applied a group per turn of the loop, each group
+  its loc's tail until done (:mod:`.deletions`).
 * **Nothing unverified replaces anything.**  Bytes are streamed to a temp file
   and hashed as they arrive; advertised length and hashes are checked before
   the rename (see :mod:`.mirror`).  A mismatch is retried with backoff and
@@ -46,7 +49,7 @@ the failure is expected (the Source has moved on), and catching up after a
 long outage would otherwise spend most of its time in backoff.  Hooks do not
 run for a superseded change; they run for the change that replaces it.
 
-Why one module of ~700 lines: per-resource ordering (the chains), the
+Why one module of ~800 lines: per-resource ordering (the chains), the
 decision flow of one change and its reporting share the same state (what is
 queued per ``loc``), and splitting them spread one invariant over several
 files.  The pure rules are in :mod:`.rules`, the I/O with the Source in
@@ -73,6 +76,7 @@ from typing import Any
 from ..errors import FetchError
 from ..fetch import Fetcher, OriginNotAllowed, check_origin, origin_of
 from ..model import ChangeType
+from .deletions import NO_FILE, DeletionGroups
 from .hooks import Hooks, call_hook
 from .mirror import FixityMismatch, Mirror, PathConflict, UnsafePath
 from .recorder import RECORD_BATCH, BatchRecorder
@@ -164,7 +168,7 @@ class Applier:
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
         )
-        self._tails: dict[str, asyncio.Task[Outcome]] = {}
+        self._tails: dict[str, asyncio.Future[Outcome]] = {}
         self._queued: dict[str, list[datetime]] = {}  # loc -> datetimes submitted
         self._pending: set[asyncio.Future[Any]] = set()  # of an Outcome, or a list of them
         # metadata_only: changes waiting to be recorded, by one task, in order.
@@ -176,6 +180,17 @@ class Applier:
             hook=self._hook,
             hooks_present=lambda: self.hooks is not None,
             max_skew=max_skew,
+        )
+        # Plain confirmed deletions: a group per turn of the loop (.deletions).
+        self._deletions = DeletionGroups(
+            mirror,
+            resources,
+            vet=self._vet,
+            fallback=lambda view, change: self._apply(
+                view, change, functools.partial(self._newer_queued, view)
+            ),
+            report=self._report,
+            hook=self._hook,
         )
         # loc -> what _vet said: it depends on the loc and this applier's settings
         # only, and a catch-up vets the same few thousand locs tens of thousands of times.
@@ -224,16 +239,41 @@ class Applier:
             # So does a later change of its loc while it is there, to come after it.
             future: asyncio.Future[Outcome] = self._submit_record([view], [change], single=True)
             return future
+        if self._groupable(view):
+            # Its loc's tail until its group is done, like a task of its own.
+            grouped = self._deletions.add(view, change)
+            self._track(view, grouped)
+            return grouped
         previous: asyncio.Future[Any] | None = self._tails.get(view.loc)
         if previous is None:
             # The batch recorder may hold this loc (metadata_only): after all it holds.
             previous = self._recorder.barrier()
-        self._queued.setdefault(view.loc, []).append(view.datetime)
         task = asyncio.get_running_loop().create_task(self._after(previous, view, change, body))
-        self._tails[view.loc] = task
-        self._pending.add(task)
-        task.add_done_callback(functools.partial(self._finished, view))
+        self._track(view, task)
         return task
+
+    def _groupable(self, view: ChangeView) -> bool:
+        """A deletion :mod:`.deletions` may apply in a group: the Source's word, nothing queued.
+
+        Confirmed and from a list read in order, so :meth:`_apply` asks the
+        Source nothing unless the state says so (the group looks at the state
+        and hands such a deletion back to :meth:`_apply`); nothing of its loc
+        in flight, so it is the loc's next change.
+        """
+        return (
+            view.change is ChangeType.DELETED
+            and view.confirmed
+            and not view.unordered
+            and not self.metadata_only
+            and view.loc not in self._tails
+        )
+
+    def _track(self, view: ChangeView, future: asyncio.Future[Outcome]) -> None:
+        """Make ``future`` (``view``'s outcome) its loc's tail until it is done."""
+        self._queued.setdefault(view.loc, []).append(view.datetime)
+        self._tails[view.loc] = future
+        self._pending.add(future)
+        future.add_done_callback(functools.partial(self._finished, view))
 
     async def _after(
         self,
@@ -440,7 +480,7 @@ class Applier:
             return False
         return any(when > view.datetime for when in self._queued.get(view.loc, ()))
 
-    def _finished(self, view: ChangeView, task: asyncio.Task[Outcome]) -> None:
+    def _finished(self, view: ChangeView, task: asyncio.Future[Outcome]) -> None:
         self._pending.discard(task)
         queued = self._queued.get(view.loc)
         if queued is not None:
@@ -480,11 +520,12 @@ class Applier:
         (the chaos matrix's disk-full scenario).
         """
         doomed = set(self._pending) if futures is None else set(futures) & self._pending
-        for future in doomed:
+        groups = self._deletions.tasks_of(doomed)  # they would go on unlinking
+        for future in doomed | groups:
             future.cancel()  # a walk chunk gathered from single submissions cancels each
         self._recorder.drop()
-        if doomed:
-            await asyncio.wait(doomed)
+        if doomed or groups:
+            await asyncio.wait(doomed | groups)
         await self.mirror.settle()
 
     # -- one change -------------------------------------------------------------
@@ -585,7 +626,7 @@ class Applier:
             except (UnsafePath, PathConflict) as exc:
                 return await self._report(view, change, path_failure(exc))
             if not removed:
-                record = replace(record, detail=record.detail or "no file to remove")
+                record = replace(record, detail=record.detail or NO_FILE)
             await self._record(view, Outcome.DELETED, record)
             await self._hook(view, change, path)
             return Outcome.DELETED

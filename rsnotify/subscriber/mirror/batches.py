@@ -81,6 +81,25 @@ class BatchWriter:
         )
         return removed
 
+    async def delete_many(
+        self, targets: list[tuple[tuple[str, ...], Path | str]]
+    ) -> list[bool | BaseException]:
+        """:meth:`delete` of each of ``targets`` (names, path), queued at once; a result each.
+
+        One future per delete and one wait for all: no coroutine or task per
+        delete (see :mod:`..deletions`).  A delete that failed is its
+        exception in the list.
+        """
+        loop = asyncio.get_running_loop()
+        writes = [_Write(names, path, loop.create_future()) for names, path in targets]
+        for write in writes:
+            self._writes.append(write)
+            self.durability.track(write.future)
+        self._start_batches()
+        gathered = asyncio.gather(*(w.future for w in writes), return_exceptions=True)
+        results: list[bool | BaseException] = await asyncio.shield(gathered)
+        return results
+
     async def _queue(self, write: _Write) -> Any:
         """Queue ``write`` for the next batch and wait for its result (shielded)."""
         self._writes.append(write)

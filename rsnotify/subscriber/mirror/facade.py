@@ -16,7 +16,7 @@ from pathlib import Path
 from ...spare import SparePool
 from .batches import BatchWriter
 from .durability import Durability
-from .errors import MirrorError
+from .errors import MirrorError, UnsafePath
 from .fixity import (
     DEFAULT_ALGORITHMS,
     HASHLIB_NAMES,
@@ -181,6 +181,27 @@ class Mirror:
         reported as False, since it holds other resources.
         """
         return await self._batches.delete(self._relative(path), path)
+
+    async def delete_many(self, paths: list[Path]) -> list[bool | BaseException]:
+        """:meth:`delete` of each path, queued together; per path, its result or its error.
+
+        The error is what :meth:`delete` would raise (:class:`.UnsafePath`,
+        :class:`.PathConflict`, :class:`.MirrorError`), returned, not raised:
+        one path's failure is that path's alone.
+        """
+        results: list[bool | BaseException] = [False] * len(paths)
+        targets: list[tuple[tuple[str, ...], Path | str]] = []
+        places: list[int] = []
+        for i, path in enumerate(paths):
+            try:
+                targets.append((self._relative(path), path))
+            except UnsafePath as exc:
+                results[i] = exc
+                continue
+            places.append(i)
+        for i, result in zip(places, await self._batches.delete_many(targets), strict=True):
+            results[i] = result
+        return results
 
     def cleanup_temp(self) -> int:
         """Remove temp files left by an interrupted write; returns how many.
