@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -176,5 +177,37 @@ async def test_a_confirmation_reaches_the_cache_as_row_or_as_state(
         assert await store.record_rows([(confirm, CONFIRM)]) == [False]
         state = await store.get(loc)
         assert state is not None and not state.confirmed and state.length == 30
+    finally:
+        await store.close()
+
+
+async def test_a_batch_joins_the_group_commit_of_single_rows_queued_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few rows (a group of deletions at a live rate) share the next transaction.
+
+    Run as a transaction of their own, each group of a push-fed subscriber
+    paid an fsync beside the group commit every other change shares.
+    """
+    store = ResourceStore(tmp_path / "r.sqlite")
+    transactions: list[list[str]] = []
+    real = store._record_many
+
+    def counting(rows: list[tuple[tuple[Any, ...], int]]) -> list[bool]:
+        transactions.append([row[0] for row, _ in rows])
+        return real(rows)
+
+    monkeypatch.setattr(store, "_record_many", counting)
+    try:
+        when = T0 + timedelta(seconds=1)
+        single = store.record_applied("http://s/a", ChangeType.CREATED, when, sha256="a" * 64)
+        many = store.record_rows(
+            [(_row(store, "http://s/b", 2), APPLY), (_row(store, "http://s/a", 0), APPLY)]
+        )
+        late = store.record_applied("http://s/c", ChangeType.CREATED, when, sha256="c" * 64)
+        results = await asyncio.gather(single, many, late)
+        assert results == [True, [True, False], True]  # a's older row keeps a's state
+        assert transactions == [["http://s/a", "http://s/b", "http://s/a", "http://s/c"]]
+        assert await store.record_rows([]) == [] and len(transactions) == 1
     finally:
         await store.close()

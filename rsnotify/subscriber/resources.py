@@ -231,7 +231,9 @@ class ResourceStore:
 
     def __init__(self, path: str | Path, *, cache_size: int = CACHE_SIZE) -> None:
         self.path = Path(path)
-        self._queue: list[tuple[tuple[Any, ...], int, asyncio.Future[bool]]] = []
+        # Waiting for the next group commit: rows with what each does to its state,
+        # and the future of their results (one bool for a single row, else a list).
+        self._queue: list[tuple[list[tuple[tuple[Any, ...], int]], asyncio.Future[Any], bool]] = []
         self._flusher: asyncio.Task[None] | None = None
         # loc -> state (None: known absent; a row: the state a committed write
         # wrote, built when first read, see _cached); most recently used last.
@@ -276,19 +278,26 @@ class ResourceStore:
         under load one fsync covers many changes and durability is unchanged:
         nobody is told "recorded" before their row is on disk.
         """
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.append((row, update_state, future))
+        changed: bool = await self._enqueue([(row, update_state)], single=True)
+        return changed
+
+    def _enqueue(
+        self, rows: list[tuple[tuple[Any, ...], int]], *, single: bool
+    ) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((rows, future, single))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
-        return await future
+        return future
 
     async def _flush(self) -> None:
         while self._queue:
             batch, self._queue = self._queue, []
+            rows = [row for part, _, _ in batch for row in part] if len(batch) > 1 else batch[0][0]
             try:
-                results = await self._run(self._record_many, [(r, u) for r, u, _ in batch])
+                results = await self._run(self._record_many, rows)
             except BaseException as exc:
-                for _, _, future in batch:
+                for _, future, _ in batch:
                     if not future.done():
                         future.set_exception(
                             exc if isinstance(exc, Exception) else ResourceStoreError(str(exc))
@@ -296,11 +305,15 @@ class ResourceStore:
                 if not isinstance(exc, Exception):
                     raise
                 continue
-            for (row, update_state, future), changed in zip(batch, results, strict=True):
+            for (row, update_state), changed in zip(rows, results, strict=True):
                 if update_state:
                     self._remember_write(row, update_state, changed)
+            start = 0
+            for part, future, single in batch:
+                end = start + len(part)
                 if not future.done():
-                    future.set_result(changed)
+                    future.set_result(results[start] if single else results[start:end])
+                start = end
 
     # -- the cache ------------------------------------------------------------------
 
@@ -483,14 +496,14 @@ class ResourceStore:
         :meth:`record_outcome`, ``(row, CONFIRM)`` is :meth:`record_confirmed`;
         the result says, per row, whether the state moved.  For callers that
         already hold a whole batch (a catch-up of recorded-only changes) and
-        would otherwise pay a future per row.
+        would otherwise pay a future per row.  The rows join the next group
+        commit after everything queued before them, as single rows do: a
+        handful (a group of deletions at a live rate) shares a transaction
+        with the rest instead of paying an fsync of its own.
         """
-        if self._flusher is not None and not self._flusher.done():
-            await asyncio.shield(self._flusher)  # earlier single writes land first
-        results = await self._run(self._record_many, rows)
-        for (row, update_state), changed in zip(rows, results, strict=True):
-            if update_state:
-                self._remember_write(row, update_state, changed)
+        if not rows:
+            return []
+        results: list[bool] = await self._enqueue(rows, single=False)
         return results
 
     def row(
