@@ -1250,6 +1250,23 @@ async def test_abandoning_a_group_unlinks_and_records_nothing_more(
     assert await asyncio.wait_for(asyncio.gather(*again), 10) == [Outcome.DELETED] * 5
 
 
+async def test_the_hooks_of_a_group_run_side_by_side(env: Env) -> None:
+    """As the per-change tasks ran them: a hook waiting on the network holds up no other."""
+    started: list[str] = []
+    everyone = asyncio.Event()
+
+    async def deleted(change: Notification, path: Path) -> None:
+        started.append(change.loc)
+        if len(started) == 5:
+            everyone.set()
+        await everyone.wait()  # in turn, the first would wait here for ever
+
+    applier = env.applier(hooks=Hooks(on_deleted=deleted))
+    futures = [applier.submit(env.note(f"/h/{i}", "deleted", at(1))) for i in range(5)]
+    assert await asyncio.wait_for(asyncio.gather(*futures), 10) == [Outcome.DELETED] * 5
+    assert sorted(started) == sorted(env.source.url(f"/h/{i}") for i in range(5))
+
+
 async def test_a_group_that_cannot_reach_the_store_fails_each_deletion(env: Env) -> None:
     applier = env.applier()
     await env.store.close()

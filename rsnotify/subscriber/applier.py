@@ -191,6 +191,7 @@ class Applier:
             ),
             report=self._report,
             hook=self._hook,
+            hooks_present=lambda: self.hooks is not None,
         )
         # loc -> what _vet said: it depends on the loc and this applier's settings
         # only, and a catch-up vets the same few thousand locs tens of thousands of times.

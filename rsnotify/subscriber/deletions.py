@@ -10,8 +10,10 @@ commit, a hook call, a future resolved, all for an unlink that finds
 nothing.  Here the deletions submitted in one turn of the event loop run
 as one group: the states read together, the unlinks queued together
 (:meth:`.mirror.Mirror.delete_many`: the mirror's batches, a thread hop per
-batch), the rows written in one transaction, then the hooks, per change,
-after the rows are durable, as for one deletion.
+batch), the rows written together (one group commit), then the hooks, per
+change, after the rows are durable, as for one deletion, and side by side,
+as the per-change tasks ran them (a hook that waits on the network must not
+make seven thousand of them wait in turn).
 
 Only *plain* deletions are grouped: the Source's own word (confirmed, from
 a list read in order) about a resource the mirror holds nothing newer of
@@ -76,6 +78,7 @@ class DeletionGroups:
         fallback: Fallback,
         report: Report,
         hook: Hook,
+        hooks_present: Callable[[], bool],
     ) -> None:
         self.mirror = mirror
         self.resources = resources
@@ -83,6 +86,7 @@ class DeletionGroups:
         self._fallback = fallback
         self._report = report
         self._hook = hook
+        self._hooks_present = hooks_present
         self._open: list[_Item] = []  # the group of this turn of the loop, not started yet
         self._running: dict[asyncio.Future[Outcome], asyncio.Task[None]] = {}
 
@@ -186,9 +190,11 @@ class DeletionGroups:
         if not rows:
             return
         await self.resources.record_rows(rows)
+        if self._hooks_present():
+            await asyncio.gather(
+                *(self._hook(i.view, i.change, i.path) for i in done if i.path is not None)
+            )
         for item in done:
-            assert item.path is not None
-            await self._hook(item.view, item.change, item.path)
             _answer(item.future, Outcome.DELETED)
 
 
