@@ -7,7 +7,9 @@ batched writer and stream large ones, and ask the Source whether a resource
 is gone (a deletion nobody vouched for, or one older than what the mirror
 holds).  Only transfers hold one of the ``concurrency`` slots: a change
 waiting out a backoff holds none, and neither does a small body waiting for
-the mirror's next write batch (those wait in ``held``, with deletes).
+the mirror's next write batch (those wait in ``held``, with the deletes
+that go one by one; a group of deletions, :mod:`.deletions`, holds no
+memory worth bounding and waits in neither).
 
 Bodies fetched ahead: a Destination that falls behind a fast-changing Source
 fetches, for an old change, bytes the Source wrote for a later one.  Those
