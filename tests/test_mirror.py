@@ -735,6 +735,44 @@ async def test_many_concurrent_writes_into_one_directory(
     assert temp_files(mirror.root) == []
 
 
+async def test_a_batch_walks_each_directory_once(
+    tmp_path: Path, new_mirror: MirrorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes and deletes of one batch share the directory's walk from the root, not its safety."""
+    from rsnotify.subscriber.mirror import safedirs
+
+    mirror = new_mirror(tmp_path)
+    await mirror.write_bytes(mirror.path_for("http://s/res/first"), b"first")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_bytes(b"keep")
+    (mirror.path_for("http://s/res/first").parent.parent / "link").symlink_to(outside)
+    walks: list[tuple[str, ...]] = []
+    real = safedirs.open_dirs
+
+    def counting(root: Path, names: tuple[str, ...], **kwargs: object) -> object:
+        walks.append(names)
+        return real(root, names, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(safedirs, "open_dirs", counting)
+    bodies = {f"http://s/res/r{i}": os.urandom(50 + i) for i in range(100)}
+    gone = [mirror.path_for(f"http://s/res/g{i}") for i in range(100)] + [
+        mirror.path_for("http://s/res/first"),
+        mirror.path_for("http://s/link/victim"),  # through a symlink: refused, as ever
+    ]
+    _, removed = await asyncio.gather(
+        asyncio.gather(*(mirror.write_bytes(mirror.path_for(k), v) for k, v in bodies.items())),
+        mirror.delete_many(gone),
+    )
+    assert all(mirror.path_for(k).read_bytes() == v for k, v in bodies.items())
+    assert removed[:100] == [False] * 100 and removed[100] is True
+    assert isinstance(removed[101], UnsafePath)
+    assert (outside / "victim").read_bytes() == b"keep"
+    # One walk of res/ per batch (at most a few batches), and one of link/ (refused).
+    assert len(walks) <= 2 * 4, walks
+    assert walks.count(("http", "s", "link")) >= 1
+
+
 class _CountingCondition(threading.Condition):
     """A Condition that counts the threads waiting on it (to know they are parked)."""
 

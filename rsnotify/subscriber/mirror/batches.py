@@ -24,6 +24,7 @@ from .durability import WRITERS, Durability
 from .errors import MirrorError
 from .fixity import HASHLIB_NAMES, Written, verify
 from .replace import ReplaceStrategy, Staged
+from .safedirs import OpenedDirs
 
 __all__ = ["BatchWriter"]
 
@@ -164,17 +165,20 @@ class BatchWriter:
         """
         results: list[Written | bool | BaseException] = [MirrorError("not stored")] * len(batch)
         staged: list[tuple[int, Staged]] = []
+        dirs = OpenedDirs(self.root)  # each directory walked once for the batch
         try:
             for i, write in enumerate(batch):
                 try:
                     if write.data is None:
-                        item = open_target(self.root, write.names, write.path, create=False)
+                        item = open_target(
+                            self.root, write.names, write.path, create=False, dirs=dirs
+                        )
                         if item is None:
                             results[i] = False  # no directory, so no file: gone already
                             continue
                         item.delete = True
                     else:
-                        item = self._stage(write)
+                        item = self._stage(write, dirs)
                 except BaseException as exc:
                     results[i] = exc
                     continue
@@ -183,6 +187,8 @@ class BatchWriter:
             for _, item in staged:
                 release(item, self.strategy)
             raise
+        finally:
+            dirs.close()
         outcomes = commit([item for _, item in staged], self.strategy, self.durability.dirs)
         for (i, item), outcome in zip(staged, outcomes, strict=True):
             data = batch[i].data
@@ -192,13 +198,13 @@ class BatchWriter:
                 results[i] = outcome
         return results
 
-    def _stage(self, write: _Write) -> Staged:
+    def _stage(self, write: _Write, dirs: OpenedDirs) -> Staged:
         """Verify one write and put its bytes in a temp file beside the target (unsynced)."""
         path, data = write.path, write.data
         assert data is not None
         digests = {a: hashlib.new(HASHLIB_NAMES[a], data).hexdigest() for a in write.algos}
         verify(path, len(data), digests, write.expected_length, write.expected or {})
-        item = prepare_write(self.root, write.names, path, self.strategy, reuse=True)
+        item = prepare_write(self.root, write.names, path, self.strategy, reuse=True, dirs=dirs)
         item.digests, item.data = digests, data
         try:
             self.strategy.write(item, data)

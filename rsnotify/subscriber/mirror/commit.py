@@ -25,7 +25,7 @@ from pathlib import Path
 from .durability import DirSyncer
 from .errors import MirrorError, PathConflict
 from .replace import ReplaceStrategy, Staged
-from .safedirs import close_all, open_dirs, refuse_directory
+from .safedirs import OpenedDirs, close_all, open_dirs, refuse_directory
 
 __all__ = ["commit", "open_target", "prepare_write", "release", "start_writeback"]
 
@@ -51,10 +51,21 @@ def start_writeback(fd: int) -> None:
 
 
 def open_target(
-    root: Path, names: tuple[str, ...], path: Path | str, *, create: bool
+    root: Path,
+    names: tuple[str, ...],
+    path: Path | str,
+    *,
+    create: bool,
+    dirs: OpenedDirs | None = None,
 ) -> Staged | None:
-    """The target's directory opened safely; None when it is missing and not ``create``\\ d."""
-    dir_fd, dirty = open_dirs(root, names[:-1], create=create, path=path)
+    """The target's directory opened safely; None when it is missing and not ``create``\\ d.
+
+    ``dirs``: the directories a batch has opened already (:class:`.safedirs.OpenedDirs`).
+    """
+    if dirs is None:
+        dir_fd, dirty = open_dirs(root, names[:-1], create=create, path=path)
+    else:
+        dir_fd, dirty = dirs.open(names[:-1], create=create, path=path)
     if dir_fd is None:
         return None
     return Staged(dir_fd, dirty, names[-1], path)
@@ -67,13 +78,15 @@ def prepare_write(
     strategy: ReplaceStrategy,
     *,
     reuse: bool,
+    dirs: OpenedDirs | None = None,
 ) -> Staged:
     """A target with a temp file open beside it (or a spare when ``reuse``), nothing written.
 
     Refuses a target that is a directory (it holds other resources).  On
-    failure every descriptor opened here is closed again.
+    failure every descriptor opened here is closed again.  ``dirs``: as for
+    :func:`open_target`.
     """
-    item = open_target(root, names, path, create=True)
+    item = open_target(root, names, path, create=True, dirs=dirs)
     assert item is not None
     try:
         refuse_directory(item.dir_fd, item.name, path)

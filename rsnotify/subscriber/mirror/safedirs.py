@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .errors import MirrorError, PathConflict, SymlinkInMirror
 
-__all__ = ["close_all", "open_dirs", "refuse_directory"]
+__all__ = ["OpenedDirs", "close_all", "open_dirs", "refuse_directory"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -72,6 +72,39 @@ def open_dirs(
         close_all([fd, *dirty])
         raise MirrorError(f"{path}: {exc.strerror or exc}", path=path) from None
     return fd, dirty
+
+
+class OpenedDirs:
+    """Directories a batch has opened already: each later target in one gets a duplicate.
+
+    A batch of a thousand changes to one directory walked the same path from
+    the root a thousand times (an ``openat`` and a ``close`` per component);
+    here each directory is walked once, safely as :func:`open_dirs` does, and
+    every target in it gets its own descriptor (``dup``), which it closes as
+    before.  A directory is kept only when it was there already (no parent
+    gained it), so a target never inherits another's parents to fsync.
+    Used by one thread, for one batch; :meth:`close` at its end.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._fds: dict[tuple[str, ...], int] = {}
+
+    def open(
+        self, names: tuple[str, ...], *, create: bool, path: Path | str
+    ) -> tuple[int | None, list[int]]:
+        """:func:`open_dirs` of ``names`` under the root, walked once per batch."""
+        kept = self._fds.get(names)
+        if kept is not None:
+            return os.dup(kept), []
+        fd, dirty = open_dirs(self.root, names, create=create, path=path)
+        if fd is not None and not dirty:
+            self._fds[names] = os.dup(fd)
+        return fd, dirty
+
+    def close(self) -> None:
+        close_all(self._fds.values())
+        self._fds.clear()
 
 
 def refuse_directory(dir_fd: int, name: str, path: Path | str) -> None:
