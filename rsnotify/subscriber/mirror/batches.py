@@ -1,4 +1,4 @@
-"""Batched writes: small bodies already in memory, and deletes, group-committed by a few threads.
+"""Batched writes: small bodies already in memory, and deletes, group-committed by a writer thread.
 
 Why batches: at 1,000 small resources a second, one thread job per file
 (each woken, each fsyncing alone) cost more CPU in context switches and

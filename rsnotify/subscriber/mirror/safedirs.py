@@ -99,7 +99,8 @@ class OpenedDirs:
             return os.dup(kept), []
         fd, dirty = open_dirs(self.root, names, create=create, path=path)
         if fd is not None and not dirty:
-            self._fds[names] = os.dup(fd)
+            with contextlib.suppress(OSError):  # out of descriptors: walked again next time
+                self._fds[names] = os.dup(fd)
         return fd, dirty
 
     def close(self) -> None:
