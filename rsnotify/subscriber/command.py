@@ -14,6 +14,7 @@ from ..runtime import settle_gc
 from ..transport.topics import prefix_argument
 from . import service
 from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
+from .resources import LOG_ROWS
 from .service import SubscriberConfig
 from .trust import DEFAULT_MAX_SKEW
 
@@ -206,6 +207,14 @@ OPTIONS = Options(
         metavar="URL",
         help="also fetch from this origin (mirrors)",
         field="allow_origins",
+    ),
+    option(
+        "--apply-log-rows",
+        type=argtypes.nonneg_int,
+        default=LOG_ROWS,
+        metavar="N",
+        help="keep the newest N rows of the apply log (<state>/resources.sqlite3, one row per "
+        "change and what became of it); 0 keeps every row (default %(default)d, ~150 MB)",
     ),
     option(
         "--on-change",

@@ -17,7 +17,12 @@ in place (see :mod:`.trust`).
 Next to the per-resource state sits an append-only apply log: one row per
 outcome, written in the same transaction as the state.  Operators use it to see
 why a resource is missing or stale; tests use it to prove that no resource was
-ever overwritten by an older version.
+ever overwritten by an older version.  It is history, not state: nothing
+decides from it, so it is bounded.  The newest ``log_rows`` rows are kept
+(``rsnotify subscribe --apply-log-rows``, a million by default: ~150 bytes a
+row, ~150 MB; 0 keeps every row); older ones are deleted a tenth of the bound
+at a time, after the commit that passed it, so that a Destination following
+a busy Source for months does not fill its disk with the log.
 
 The log has no index but its id: it is written far more than read.  An index
 on ``loc`` (which it had until the catch-up work of issue 21) made each row a
@@ -44,7 +49,7 @@ the only writer of its file (one subscriber per DIR, enforced by a lock) and
 it is updated only after a commit, with the same "never backwards" rule the
 database applies.
 
-Why one module of ~620 lines: it is one store, and its parts keep one
+Why one module of ~710 lines: it is one store, and its parts keep one
 invariant together -- the cache never disagrees with the database.  The
 group commit, the batched reads, the write-through cache and the worker
 thread that owns the connection share the same queues, and the cache takes a
@@ -58,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt  # for classes with a field named datetime
+import logging
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -69,7 +75,7 @@ from typing import Any, TypeVar
 from ..errors import ResourceStoreError
 from ..model import ChangeType
 from ..sqlitedb import SQLiteWorker, StoreUnavailable, select_in, select_rows
-from .storewrites import APPLY, CONFIRM, KEEP, record_many
+from .storewrites import APPLY, CONFIRM, KEEP, prune_log, record_many
 
 __all__ = [
     "APPLY",
@@ -86,6 +92,11 @@ __all__ = [
 T = TypeVar("T")
 
 CACHE_SIZE = 20_000  # resource states kept in memory (~350 bytes each with the key)
+# Apply-log rows kept by default (``rsnotify subscribe --apply-log-rows``): about
+# 150 MB of log, a day of outcomes at 10 changes/s (see the module's docstring).
+LOG_ROWS = 1_000_000
+
+log = logging.getLogger("rsnotify.subscribe")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -229,8 +240,19 @@ def _migrate(db: sqlite3.Connection) -> None:
 class ResourceStore:
     """Per-resource applied state plus the apply log, in one SQLite file at ``path``."""
 
-    def __init__(self, path: str | Path, *, cache_size: int = CACHE_SIZE) -> None:
+    def __init__(
+        self, path: str | Path, *, cache_size: int = CACHE_SIZE, log_rows: int | None = LOG_ROWS
+    ) -> None:
+        """``log_rows``: the newest apply-log rows kept (None: every row, forever)."""
+        if log_rows is not None and log_rows < 1:
+            raise ValueError(f"apply-log rows must be >= 1 or None, not {log_rows}")
         self.path = Path(path)
+        # The worker thread's: rows logged since the log was last trimmed.  A
+        # trim is due every tenth of log_rows, and at the first write after
+        # opening (a log written under a larger bound, or none, is cut then).
+        self._log_rows = log_rows
+        self._trim_every = None if log_rows is None else max(1, log_rows // 10)
+        self._since_trim = 0 if log_rows is None else log_rows
         # Waiting for the next group commit: rows with what each does to its state,
         # and the future of their results (one bool for a single row, else a list).
         self._queue: list[tuple[list[tuple[tuple[Any, ...], int]], asyncio.Future[Any], bool]] = []
@@ -268,8 +290,30 @@ class ResourceStore:
         return {row[0]: _state_of(row) for row in rows}
 
     def _record_many(self, batch: list[tuple[tuple[Any, ...], int]]) -> list[bool]:
-        """Write a batch of rows in one transaction: one fsync for all of them."""
-        return record_many(self._sql.db, batch)
+        """Write a batch of rows in one transaction: one fsync for all of them.
+
+        Then, when due, trim the apply log to its newest ``log_rows`` rows, in
+        a transaction of its own: the batch is durable whatever becomes of the
+        trim, and a trim that fails (the disk full) is retried at the next.
+        """
+        results = record_many(self._sql.db, batch)
+        if self._log_rows is not None and self._trim_every is not None:
+            self._since_trim += len(batch)
+            if self._since_trim >= self._trim_every:
+                try:
+                    removed = prune_log(self._sql.db, self._log_rows)
+                except sqlite3.Error as exc:
+                    log.warning("resource store %s: apply log not trimmed: %s", self.path, exc)
+                else:
+                    self._since_trim = 0
+                    if removed:
+                        log.debug(
+                            "resource store %s: %d older apply-log row(s) removed (keeping %d)",
+                            self.path,
+                            removed,
+                            self._log_rows,
+                        )
+        return results
 
     async def _record(self, row: tuple[Any, ...], update_state: int) -> bool:
         """Queue a row for the next group commit and wait until it is durable.

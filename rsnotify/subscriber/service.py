@@ -52,7 +52,7 @@ from .gaps import GapDetector
 from .mirror import Mirror
 from .ownership import MirrorLock, MirrorRefused, claim
 from .pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
-from .resources import ResourceStore
+from .resources import LOG_ROWS, ResourceStore
 from .sync import CollectionSync
 from .telemetry import SubscriberMetrics
 from .trust import DEFAULT_MAX_SKEW
@@ -104,6 +104,8 @@ class SubscriberConfig:
     ws_token: str | None = None
     allow_origins: Sequence[str] = ()
     on_change: str | None = None
+    # --apply-log-rows: the newest apply-log rows kept; 0 keeps every row (.resources).
+    apply_log_rows: int = LOG_ROWS
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     name: str | None = None  # subscriber name in telemetry
@@ -251,7 +253,9 @@ class Subscriber:
             self._cursors = RedisCursorStore(config.redis, destination_id(config.into, config.name))
         else:
             self._cursors = CursorStore(self.state_dir / "cursor.sqlite3")
-        self._resources = ResourceStore(self.state_dir / "resources.sqlite3")
+        self._resources = ResourceStore(
+            self.state_dir / "resources.sqlite3", log_rows=config.apply_log_rows or None
+        )
         # One keep-alive connection per transfer slot: fewer would quietly cap
         # --concurrency (the pool, not the semaphore, would be the limit).
         self._fetcher = Fetcher(

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..sqlitedb import select_in
 
-__all__ = ["APPLY", "CONFIRM", "KEEP", "ROWS_PER_STATEMENT", "record_many"]
+__all__ = ["APPLY", "CONFIRM", "KEEP", "ROWS_PER_STATEMENT", "prune_log", "record_many"]
 
 # Rows per multi-row statement, at most (and fewer where SQLite's limit on a
 # statement's parameters is lower: 999 before 3.32, 32,766 after): a
@@ -160,3 +160,20 @@ def _flush(db: sqlite3.Connection, pending: list[tuple[Any, ...]], expected: int
             raise sqlite3.DatabaseError(f"{_MISMATCH}: {changed} moved, {expected} expected")
         pending.clear()
     return 0
+
+
+def prune_log(db: sqlite3.Connection, keep: int) -> int:
+    """Delete all but the newest ``keep`` apply-log rows (its own transaction); how many went.
+
+    The log's ids only grow (``AUTOINCREMENT``: never reused, even after a
+    delete), so "the newest ``keep``" is every id above ``max(id) - keep``:
+    two lookups of the primary key and one range delete, whatever the log's
+    size.  The pages freed are reused by later inserts, so the file stops
+    growing; it does not shrink (a ``VACUUM`` would rewrite all of it).
+    """
+    if keep < 0:
+        raise ValueError(f"apply-log rows to keep must be >= 0, not {keep}")
+    first, last = db.execute("SELECT min(id), max(id) FROM apply_log").fetchone()
+    if last is None or first > last - keep:
+        return 0
+    return db.execute("DELETE FROM apply_log WHERE id <= ?", (last - keep,)).rowcount
