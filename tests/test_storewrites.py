@@ -167,3 +167,20 @@ async def test_a_store_that_indexed_its_log_by_loc_loses_that_index_and_keeps_th
     finally:
         db.close()
     assert indexes == [("an_operators_own",)]
+
+
+def test_a_loc_moved_many_times_in_a_batch_is_written_once(tmp_path: Path) -> None:
+    """Only the last of a run of later changes is what the state becomes: one upsert."""
+    db = _open(tmp_path / "db.sqlite3")
+    try:
+        rows = [
+            (ResourceStore._row(f"http://s/{n % 2}", "updated", T0 + timedelta(seconds=n),
+                                n, "ab", 3, "recorded", None, None, True, "c"), APPLY)
+            for n in range(100)
+        ]  # fmt: skip
+        before = db.total_changes
+        assert record_many(db, rows) == [True] * 100
+        assert db.total_changes - before == 2 + 100  # two states, every change logged
+        assert [r[3] for r in _tables(db)[0]] == [98, 99]  # each loc at its last change
+    finally:
+        db.close()

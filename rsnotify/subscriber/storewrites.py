@@ -122,25 +122,26 @@ def record_many(db: sqlite3.Connection, batch: list[tuple[tuple[Any, ...], int]]
     db.execute("BEGIN IMMEDIATE")
     try:
         states = _states(db, list({row[0] for row, update in batch if update}))
-        pending: list[tuple[Any, ...]] = []  # consecutive state upserts, not yet written
-        expected = 0  # how many of them move their state
+        # Consecutive state writes not yet made, per loc: the state before the
+        # first of them, then the rows that move it (see _flush).
+        run: dict[str, list[Any]] = {}
         for row, update in batch:
             loc = row[0]
             state = states.get(loc)
             moved = _moves(state, row, update)
             results.append(moved)
-            if moved:
-                confirmed = 1 if update == CONFIRM else row[9]
-                states[loc] = (row[1], row[2], confirmed)
             if update == APPLY:
-                pending.append(_upsert_values(row))
-                expected += moved
+                if moved:
+                    run.setdefault(loc, [state]).append(row)
             elif update == CONFIRM:
-                expected = _flush(db, pending, expected)
+                _flush(db, run)
                 cursor = db.execute(_CONFIRM_SQL, (loc, row[1], row[2]))
                 if cursor.rowcount != moved:
                     raise sqlite3.DatabaseError(f"{_MISMATCH}: confirming {loc}")
-        _flush(db, pending, expected)
+            if moved:
+                confirmed = 1 if update == CONFIRM else row[9]
+                states[loc] = (row[1], row[2], confirmed)
+        _flush(db, run)
         _insert(db, _LOG_HEAD, 10, [_log_values(row) for row, _ in batch])
         db.execute("COMMIT")
     except BaseException:
@@ -152,14 +153,38 @@ def record_many(db: sqlite3.Connection, batch: list[tuple[tuple[Any, ...], int]]
     return results
 
 
-def _flush(db: sqlite3.Connection, pending: list[tuple[Any, ...]], expected: int) -> int:
-    """Write the pending upserts; they must change ``expected`` rows.  Returns 0."""
-    if pending:
-        changed = _insert(db, _UPSERT_HEAD, 9, pending, _UPSERT_TAIL)
-        if changed != expected:
-            raise sqlite3.DatabaseError(f"{_MISMATCH}: {changed} moved, {expected} expected")
-        pending.clear()
-    return 0
+def _flush(db: sqlite3.Connection, run: dict[str, list[Any]]) -> None:
+    """Make the state writes of ``run``: each loc's last one, where that is the same.
+
+    A catch-up moves the state of each loc many times in a batch (50,000
+    changes of 2,000 resources: 10,000 upserts a batch for 2,000 states).
+    Only the last move is what the state becomes, so only it is written --
+    as one row of the statement, guard and all -- when the guard lets it
+    move the state from where the run began (:func:`_moves` again: a run of
+    confirmed, ever later changes always does), with the latest collection
+    any of its rows named (the upserts' ``COALESCE``).  Otherwise (a
+    provisional state moved past by an older change) every move is written,
+    in order, as before.  Rows the guard refuses move nothing and are not
+    written.  Every row written must move its state, or the transaction is
+    rolled back (the module's docstring).
+    """
+    if not run:
+        return
+    values: list[tuple[Any, ...]] = []
+    for before, *moves in run.values():
+        last = moves[-1]
+        if len(moves) == 1 or _moves(before, last, APPLY):
+            upsert = _upsert_values(last)
+            if last[10] is None:  # the state keeps the latest collection named
+                named = next((row[10] for row in reversed(moves) if row[10] is not None), None)
+                upsert = (*upsert[:8], named)
+            values.append(upsert)
+        else:
+            values.extend(map(_upsert_values, moves))
+    changed = _insert(db, _UPSERT_HEAD, 9, values, _UPSERT_TAIL)
+    if changed != len(values):
+        raise sqlite3.DatabaseError(f"{_MISMATCH}: {changed} moved, {len(values)} expected")
+    run.clear()
 
 
 def prune_log(db: sqlite3.Connection, keep: int) -> int:
