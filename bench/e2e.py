@@ -106,6 +106,7 @@ import math
 import os
 import re
 import resource
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -760,6 +761,7 @@ def _subscriber_phase(
         "--metrics-port", "0",
         "--log-format", "text",
         "--log-level", "warning",
+        *shlex.split(opts.subscriber_args),
     )  # fmt: skip
     metrics_url = subscriber.wait_for_line(r"metrics (http://\S+/metrics)", timeout=60).group(1)
     subscriber.wait_for_line(rf"{re.escape(cid)}: live", timeout=120)
@@ -1401,6 +1403,13 @@ def main(argv: list[str] | None = None) -> int:
         "default, as rsnotify's), on, or both (a row of each)",
     )
     ap.add_argument("--keep", action="store_true", help="keep every scenario's files and logs")
+    ap.add_argument(
+        "--subscriber-args",
+        default="",
+        metavar="ARGS",
+        help="more options for every latency run's `rsnotify subscribe` (an experiment, e.g. "
+        "'--concurrency 64'; written into the JSON; the targets are for the defaults)",
+    )
     opts = ap.parse_args(argv)
     precompile()  # start-up is in the catch-up's wall time: measure an installed rsnotify
     filesystems = [f.strip() for f in opts.filesystems.split(",") if f.strip()]
@@ -1483,6 +1492,7 @@ def main(argv: list[str] | None = None) -> int:
                 "state, publisher state, Redis AOF, resync's mirror, logs) on the row's fs",
                 "loop_size_bytes": int(opts.loop_size_gb * 2**30),
                 "spare": opts.spare,
+                "subscriber_args": opts.subscriber_args,
                 "publisher": "publish DIR --watch (file-system notifications)",
                 "simulator_flush_interval_s": FLUSH_INTERVAL,
                 "anchor": "resync-sync --incremental per Change List, 1 s pause between passes",
