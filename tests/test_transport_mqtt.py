@@ -309,7 +309,7 @@ async def test_every_record_is_delivered_once_in_order_and_the_cursor_reaches_th
         assert pusher.stats.connections == 1
         assert pusher.protocol_in_use == ("5" if is_v5(mosquitto) else "3.1.1")
         for c in (C1, C2):
-            assert subscriber.seqs(c) == list(range(1, 1001))  # once each, dense, in order
+            await _received(subscriber, c, list(range(1, 1001)))  # once each, dense, in order
         logged = {c: await records(log, c) for c in (C1, C2)}
         for message in subscriber.messages():
             body = json.loads(message.payload)
@@ -325,6 +325,21 @@ async def test_every_record_is_delivered_once_in_order_and_the_cursor_reaches_th
         assert all(size > 100 and latency >= 0 for _, _, size, latency in published)
     finally:
         await log.close()
+
+
+async def _received(subscriber: Subscriber, collection: str, expected: list[int]) -> None:
+    """The seqs ``subscriber`` got of ``collection``, once it has as many as ``expected``: equal.
+
+    A PUBACK (what moves the pusher's cursor) says the broker took a message,
+    not that it has reached every subscriber yet: wait for the deliveries
+    (a deadline, not a sleep), then compare the whole list, order and
+    duplicates included.
+    """
+    await async_wait_for(
+        lambda: len(subscriber.seqs(collection)) >= len(expected),
+        message=lambda: f"{collection}: {len(subscriber.seqs(collection))} of {len(expected)}",
+    )
+    assert subscriber.seqs(collection) == expected
 
 
 async def _cursor_is(log: NotificationLog, collection: str, seq: int) -> bool:
@@ -512,8 +527,8 @@ async def test_a_message_the_broker_refuses_holds_the_cursor_until_it_is_accepte
         )
         broker.process.send_signal(signal.SIGHUP)
         await async_wait_for(lambda: _cursor_is(sqlite_log, C1, 5), message="C1 never accepted")
-    assert subscriber.seqs(C1) == [1, 2, 3, 4, 5]
-    assert subscriber.seqs(C2) == [1, 2, 3, 4, 5]
+    await _received(subscriber, C1, [1, 2, 3, 4, 5])
+    await _received(subscriber, C2, [1, 2, 3, 4, 5])
 
 
 # --- the retained head ------------------------------------------------------------
@@ -809,7 +824,7 @@ async def test_a_cut_connection_resends_unacknowledged_messages_with_the_same_se
         assert pusher.stats.connections == 2
         assert pusher.stats.published == 10 + 30 + 30  # 11..40 twice, once unacknowledged
     # The contract: in order per connection, duplicates with the same seq, no gap.
-    assert subscriber.seqs(C1) == [*range(1, 31), *range(11, 41)]
+    await _received(subscriber, C1, [*range(1, 31), *range(11, 41)])
 
 
 async def test_stop_drains_up_to_a_deadline_and_a_new_pusher_resumes_from_the_cursor(
@@ -838,7 +853,7 @@ async def test_stop_drains_up_to_a_deadline_and_a_new_pusher_resumes_from_the_cu
         async with running(second):
             await async_wait_for(lambda: _cursor_is(sqlite_log, C1, 10))
     assert second.stats.published == 5
-    assert subscriber.seqs(C1) == [*range(1, 11), *range(6, 11)]
+    await _received(subscriber, C1, [*range(1, 11), *range(6, 11)])
 
 
 async def test_auto_falls_back_to_3_1_1_when_the_broker_refuses_mqtt_5(
