@@ -100,9 +100,7 @@ async def test_the_file_stops_growing(tmp_path: Path) -> None:
         unbounded = ResourceStore(tmp_path / "all.sqlite", log_rows=None)
         try:
             for batch in range(60):
-                await unbounded.record_rows(
-                    [(_row(unbounded, n), APPLY) for n in range(batch * 50, batch * 50 + 50)]
-                )
+                await _write(unbounded, batch * 50, 50)
             with sqlite3.connect(tmp_path / "all.sqlite") as db:
                 all_pages = int(db.execute("PRAGMA page_count").fetchone()[0])
         finally:

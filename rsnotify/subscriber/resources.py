@@ -251,7 +251,6 @@ class ResourceStore:
         # trim is due every tenth of log_rows, and at the first write after
         # opening (a log written under a larger bound, or none, is cut then).
         self._log_rows = log_rows
-        self._trim_every = None if log_rows is None else max(1, log_rows // 10)
         self._since_trim = 0 if log_rows is None else log_rows
         # Waiting for the next group commit: rows with what each does to its state,
         # and the future of their results (one bool for a single row, else a list).
@@ -297,9 +296,9 @@ class ResourceStore:
         trim, and a trim that fails (the disk full) is retried at the next.
         """
         results = record_many(self._sql.db, batch)
-        if self._log_rows is not None and self._trim_every is not None:
+        if self._log_rows is not None:
             self._since_trim += len(batch)
-            if self._since_trim >= self._trim_every:
+            if self._since_trim >= max(1, self._log_rows // 10):
                 try:
                     removed = prune_log(self._sql.db, self._log_rows)
                 except sqlite3.Error as exc:

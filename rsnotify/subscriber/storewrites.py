@@ -132,7 +132,11 @@ def record_many(db: sqlite3.Connection, batch: list[tuple[tuple[Any, ...], int]]
             results.append(moved)
             if update == APPLY:
                 if moved:
-                    run.setdefault(loc, [state]).append(row)
+                    moves = run.get(loc)
+                    if moves is None:
+                        run[loc] = [state, row]
+                    else:
+                        moves.append(row)
             elif update == CONFIRM:
                 _flush(db, run)
                 cursor = db.execute(_CONFIRM_SQL, (loc, row[1], row[2]))
