@@ -35,6 +35,7 @@ from rsnotify.subscriber.mirror import (
     path_for,
     paths,
 )
+from rsnotify.subscriber.mirror.replace import ReplaceStrategy, Staged
 from tests.spares import require_spares, spare_mirror
 
 ROOT = Path("/srv/mirror")
@@ -1049,6 +1050,95 @@ def test_a_batch_starts_writeback_of_every_file_before_its_first_fsync(
     ]
 
 
+def _staged_batch(root: Path, count: int) -> tuple[list[Staged], ReplaceStrategy]:
+    """``count`` writes staged under ``root/d`` (bytes in temp files), and their strategy."""
+    from rsnotify.subscriber.mirror import commit as module
+    from rsnotify.subscriber.mirror.replace import make_replace
+
+    root.mkdir(exist_ok=True)
+    strategy = make_replace(root, None)
+    items = []
+    for i in range(count):
+        item = module.prepare_write(root, ("d", f"f{i}"), f"d/f{i}", strategy, reuse=False)
+        strategy.write(item, f"body {i}".encode())
+        items.append(item)
+    return items, strategy
+
+
+def test_a_batch_fsyncs_its_temp_files_at_the_same_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flushers fsync together, so the device's cache flushes they ask for merge.
+
+    Each fsync here waits at a barrier for three others: fsyncs one after
+    the other would never get there (the barrier times out and the files
+    fail).  Every file is still fsynced before its rename, and each once.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rsnotify.subscriber.mirror import commit as module
+    from rsnotify.subscriber.mirror.durability import DirSyncer
+
+    items, strategy = _staged_batch(tmp_path / "mirror", 8)
+    temps = {os.fstat(item.fd).st_ino for item in items}
+    together = threading.Barrier(4, timeout=10)
+    real_fsync = os.fsync
+    synced: list[int] = []
+
+    def fsync(fd: int) -> None:
+        inode = os.fstat(fd).st_ino
+        if inode in temps:
+            together.wait()
+            synced.append(inode)
+        real_fsync(fd)
+
+    monkeypatch.setattr(module.os, "fsync", fsync)
+    with ThreadPoolExecutor(4) as pool:
+        assert module.commit(items, strategy, DirSyncer(), (pool, 4)) == [True] * 8
+    assert sorted(synced) == sorted(temps)
+    assert [(tmp_path / "mirror" / "d" / f"f{i}").read_bytes() for i in range(8)] == [
+        f"body {i}".encode() for i in range(8)
+    ]
+    assert temp_files(tmp_path / "mirror") == []
+
+
+def test_a_failed_fsync_fails_only_its_own_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fsync that fails (EIO) among the flushers: that write is refused, the rest land.
+
+    Its target keeps its old bytes and its temp file is removed; the other
+    writes of the batch are renamed and durable as usual.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rsnotify.subscriber.mirror import commit as module
+    from rsnotify.subscriber.mirror.durability import DirSyncer
+
+    root = tmp_path / "mirror"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f3").write_bytes(b"old bytes")
+    items, strategy = _staged_batch(root, 6)
+    bad = os.fstat(items[3].fd).st_ino
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.fstat(fd).st_ino == bad:
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(module.os, "fsync", fsync)
+    with ThreadPoolExecutor(3) as pool:
+        outcomes = module.commit(items, strategy, DirSyncer(), (pool, 3))
+    assert isinstance(outcomes[3], OSError) and outcomes[3].errno == errno.EIO
+    assert outcomes[:3] + outcomes[4:] == [True] * 5
+    assert (root / "d" / "f3").read_bytes() == b"old bytes"
+    for i in (0, 1, 2, 4, 5):
+        assert (root / "d" / f"f{i}").read_bytes() == f"body {i}".encode()
+    assert temp_files(root) == []
+    assert all(item.fd == -1 for item in items)
+
+
 async def test_a_directory_refusing_swaps_is_written_the_plain_way(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1115,9 +1205,13 @@ async def test_close_stops_the_mirrors_own_threads(tmp_path: Path) -> None:
     mirror = Mirror(tmp_path)
     await mirror.write_bytes(mirror.path_for("http://s/small"), b"batched")
     await mirror.write_atomic(mirror.path_for("http://s/big"), chunks_of([b"streamed"]))
-    pools = [mirror.durability._batches, mirror.durability._streams]
+    await asyncio.gather(  # a batch of several: its fsyncs go to the flushers
+        *(mirror.write_bytes(mirror.path_for(f"http://s/b{i}"), b"batched") for i in range(8))
+    )
+    durability = mirror.durability
+    pools = [durability._batches, durability._streams, durability._flushers]
     threads = [t for pool in pools if pool is not None for t in pool._threads]
-    assert len(threads) >= 2
+    assert durability._flushers is not None and len(threads) >= 3
     await mirror.settle()
     mirror.close()
     assert not any(thread.is_alive() for thread in threads)

@@ -189,7 +189,12 @@ class BatchWriter:
             raise
         finally:
             dirs.close()
-        outcomes = commit([item for _, item in staged], self.strategy, self.durability.dirs)
+        outcomes = commit(
+            [item for _, item in staged],
+            self.strategy,
+            self.durability.dirs,
+            self.durability.flushers,
+        )
         for (i, item), outcome in zip(staged, outcomes, strict=True):
             data = batch[i].data
             if outcome is True and data is not None:

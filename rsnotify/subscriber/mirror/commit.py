@@ -14,12 +14,24 @@ renamed, then each directory is fsynced once through the
 :class:`.durability.DirSyncer` group commit.  A failure fails its own write
 (or, for a directory fsync, the writes renamed into that directory), never
 the others.
+
+A batch's temp files are fsynced *concurrently* (:func:`flush_temps`, in the
+:class:`.durability.Durability` flusher threads).  Each fsync still covers
+its own file, but the ones after the journal commit find nothing left to
+commit and only ask the device to flush its cache; one after the other, each
+waited for a flush of its own (on a journaled ext4, ~0.5 ms per file at
+1,000 changes/s: two thirds of the writer's time), while flushes asked for
+together are merged by the block layer into one.  Measured on a journaled
+ext4 (loop file): 50 temp files fsynced in 1.78 ms instead of 4.86 ms, 10
+in 0.83 ms instead of 1.48 ms; on the disk without a journal 1.58 against
+2.46 ms for 50.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from concurrent.futures import Executor
 from pathlib import Path
 
 from .durability import DirSyncer
@@ -27,7 +39,14 @@ from .errors import MirrorError, PathConflict
 from .replace import ReplaceStrategy, Staged
 from .safedirs import OpenedDirs, close_all, open_dirs, refuse_directory
 
-__all__ = ["commit", "open_target", "prepare_write", "release", "start_writeback"]
+__all__ = [
+    "commit",
+    "flush_temps",
+    "open_target",
+    "prepare_write",
+    "release",
+    "start_writeback",
+]
 
 _FADVISE = getattr(os, "posix_fadvise", None)  # absent on macOS
 _DONTNEED: int = getattr(os, "POSIX_FADV_DONTNEED", 4)
@@ -114,7 +133,10 @@ def release(item: Staged, strategy: ReplaceStrategy) -> None:
 
 
 def commit(
-    items: list[Staged], strategy: ReplaceStrategy, dirs: DirSyncer
+    items: list[Staged],
+    strategy: ReplaceStrategy,
+    dirs: DirSyncer,
+    flushers: tuple[Executor, int] | None = None,
 ) -> list[bool | BaseException]:
     """Make every staged write and delete durable; one outcome per item, in order.
 
@@ -124,7 +146,9 @@ def commit(
     on a journalled filesystem their block allocations then land in the
     transaction the first fsync commits, and the other fsyncs find nothing
     left to commit; without a journal the device at least gets all the data
-    at once.  Every item is released before this returns.
+    at once.  ``flushers`` (threads, and how many): where the temp files are
+    fsynced together (:func:`flush_temps`).  Every item is released before
+    this returns.
     """
     results: list[bool | BaseException] = [MirrorError("not stored")] * len(items)
     try:
@@ -132,9 +156,13 @@ def commit(
             for item in items:
                 if item.fd >= 0:
                     start_writeback(item.fd)
+        flushed = flush_temps(items, flushers)
         replaced: list[int] = []
         for k, item in enumerate(items):
-            outcome = _remove(item, strategy) if item.delete else _install(item, strategy)
+            if item.delete:
+                outcome = _remove(item, strategy)
+            else:
+                outcome = _install(item, strategy, flushed[k])
             if outcome is True:
                 replaced.append(k)
             else:
@@ -174,13 +202,65 @@ def _remove(item: Staged, strategy: ReplaceStrategy) -> bool | BaseException:
         return MirrorError(f"cannot delete {item.path}: {exc.strerror or exc}", path=item.path)
 
 
-def _install(item: Staged, strategy: ReplaceStrategy) -> bool | BaseException:
+def flush_temps(
+    items: list[Staged], flushers: tuple[Executor, int] | None = None
+) -> list[BaseException | None]:
+    """fsync and close every write's temp file; per item None, or why its fsync failed.
+
+    With ``flushers`` (an executor and its thread count) and more than one
+    temp file, the files are dealt round-robin to that many jobs, which
+    fsync at the same time (see the module's docstring); else one after the
+    other, here.  Deletes (no temp file) get None.
+    """
+    flushed: list[BaseException | None] = [None] * len(items)
+    writes = [k for k, item in enumerate(items) if not item.delete]
+    if flushers is None or len(writes) < 2:
+        for k in writes:
+            flushed[k] = _fsync_close(items[k])
+        return flushed
+    pool, threads = flushers
+    shares = [writes[i :: min(threads, len(writes))] for i in range(min(threads, len(writes)))]
+    jobs = []
+    for share in shares:
+        try:
+            jobs.append((share, pool.submit(_fsync_share, [items[k] for k in share])))
+        except RuntimeError:  # the pool is shut down: this thread does it
+            for k in share:
+                flushed[k] = _fsync_close(items[k])
+    for share, job in jobs:  # each waited for: none still touches its items after this
+        try:
+            failures = job.result()
+        except Exception as exc:  # not an OSError (those are per item): its whole share
+            failures = [exc] * len(share)
+        for k, failure in zip(share, failures, strict=True):
+            flushed[k] = failure
+    return flushed
+
+
+def _fsync_share(share: list[Staged]) -> list[BaseException | None]:
+    return [_fsync_close(item) for item in share]
+
+
+def _fsync_close(item: Staged) -> BaseException | None:
+    """fsync ``item``'s temp file and close it; the failure, if any, returned (not raised)."""
     try:
         try:
             os.fsync(item.fd)
         finally:
             os.close(item.fd)
             item.fd = -1
+    except OSError as exc:
+        return exc
+    return None
+
+
+def _install(
+    item: Staged, strategy: ReplaceStrategy, flushed: BaseException | None
+) -> bool | BaseException:
+    """Rename ``item``'s temp file (fsynced and closed: ``flushed`` None) over its target."""
+    try:
+        if flushed is not None:
+            raise flushed
         try:
             strategy.install(item)
         except IsADirectoryError:
