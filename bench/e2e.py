@@ -713,8 +713,14 @@ class PhaseWindow:
         return max(waits) / 1000.0 if waits else None
 
     def p99_by_slice_ms(self, seconds: float) -> list[float | None]:
-        """p99 latency of the changes made in each ``seconds`` slice of the window."""
-        count = max(1, math.ceil((self.end - self.start) / seconds))
+        """p99 latency of the changes made in each ``seconds`` slice of the window.
+
+        The window is ``seconds`` times a whole number plus the few ms its
+        ``sleep`` overran: that tail goes into the last slice.  (Rounded up,
+        it was a slice of its own, of a few changes or none, so the last
+        slice read ``-`` and :attr:`LatencyRun.lag_bounded` failed every run.)
+        """
+        count = max(1, round((self.end - self.start) / seconds))
         slices: list[list[int]] = [[] for _ in range(count)]
         start_us = round(self.start * 1e6)
         for change, when in self.reached:
