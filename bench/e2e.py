@@ -43,7 +43,7 @@ applied when the newer one is.  For the anchor it is the file's ``ctime``
 when the pass wrote it (resync sets ``mtime`` to the change time, but
 ``utime`` bumps ``ctime``), or the end of the pass for deletes and changes
 folded into another.  A cross-check from the subscriber's own ``/metrics`` e2e histogram (bucketed,
-stamped after the cursor passes the change) is in the JSON.
+stamped when the change's outcome is recorded) is in the JSON.
 
 The simulator runs in a child process of this bench with a **5 ms flush
 interval** for its ``--dir`` copy (written on the leading edge of a change, at

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import operator
 import tempfile
@@ -118,6 +119,18 @@ class _Pending:
     notification: Notification | None = None
     confirmed: bool = True  # False: pushed unsigned (its failure is a doubt)
     many: bool = False  # the future holds a list of outcomes (Applier.submit_many)
+    done_at: float | None = None  # when the future finished (a pushed change: see _stamp_done)
+
+
+def _stamp_done(item: _Pending, _: object) -> None:
+    """Note when a pushed change's outcome came: its applied time for the telemetry.
+
+    The outcome is counted later, when the cursor passes the change (in
+    pipeline order); stamped then, a change applied at once behind one that
+    waited for its Source was reported as late as that one (seconds at
+    1,000 changes/s).
+    """
+    item.done_at = time.time()
 
 
 @dataclass(slots=True)
@@ -413,7 +426,10 @@ class CollectionSync:
         else:
             self._pushed_since_walk += 1
             future = self.applier.submit(n, confirmed=self.trusted_push, collection=self.collection)
-            self._pending.append(_Pending(future, n.seq, None, n, self.trusted_push))
+            pending = _Pending(future, n.seq, None, n, self.trusted_push)
+            if self.on_applied is not None:
+                future.add_done_callback(functools.partial(_stamp_done, pending))
+            self._pending.append(pending)
         self._wake.set()
 
     async def _commit_loop(self) -> None:
@@ -523,7 +539,8 @@ class CollectionSync:
             else:
                 self.stats.applied += 1
                 if notification is not None and self.on_applied is not None:
-                    self.on_applied(notification, notification_received(notification), time.time())
+                    applied = item.done_at if item.done_at is not None else time.time()
+                    self.on_applied(notification, notification_received(notification), applied)
         elif notification is not None and not item.confirmed:
             # A hint the Source does not bear out: forged, replayed, or overtaken
             # by a newer change.  Not a failure of the mirror: the walk this
