@@ -32,7 +32,10 @@ A subscriber with a secret refusing *unsigned* notifications is proven in
 from __future__ import annotations
 
 import asyncio
+import base64
+import http.client
 import json
+import os
 import re
 import ssl
 import subprocess
@@ -47,7 +50,6 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from rsnotify import envelope
@@ -419,6 +421,35 @@ def test_mqtts_with_a_private_ca_converges_and_a_wrong_ca_is_a_clear_error(
 # --- WebSocket: bearer tokens over wss:// --------------------------------------------------
 
 
+def upgrade_refusal(
+    port: int, path: str, context: ssl.SSLContext, headers: dict[str, str]
+) -> tuple[int, str | None]:
+    """A WebSocket opening handshake (RFC 6455 section 4.1) over TLS: status, WWW-Authenticate.
+
+    Plain ``http.client`` rather than websockets' sync client: under a full
+    ``make test`` on two cores that client once lost the gateway's answer to
+    an internal error of its receiving thread ("stream ended") and timed out.
+    """
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
+    try:
+        connection.request(
+            "GET",
+            path,
+            headers={
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode(),
+                "Sec-WebSocket-Version": "13",
+                **headers,
+            },
+        )
+        response = connection.getresponse()
+        response.read()
+        return response.status, response.getheader("WWW-Authenticate")
+    finally:
+        connection.close()
+
+
 def test_wss_with_a_bearer_token_converges_and_bad_tokens_are_refused(
     tmp_path: Path, rsnotify_process: RunRsnotify
 ) -> None:
@@ -442,9 +473,8 @@ def test_wss_with_a_bearer_token_converges_and_bad_tokens_are_refused(
 
     trusted = ssl.create_default_context(cafile=pki.ca)
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {token}"}):
-        with pytest.raises(InvalidStatus) as refused:
-            ws_connect(f"{via}/{cid}", ssl=trusted, additional_headers=headers, open_timeout=10)
-        assert refused.value.response.status_code == 401
+        status, challenge = upgrade_refusal(port, f"/{cid}", trusted, headers)
+        assert (status, challenge) == (401, 'Bearer realm="rsnotify"'), headers
     with ws_connect(
         f"{via}/{cid}?access_token={token}", ssl=trusted, open_timeout=10
     ) as browser:  # the query-string form browsers need
