@@ -1072,7 +1072,8 @@ def test_a_batch_fsyncs_its_temp_files_at_the_same_time(
 
     Each fsync here waits at a barrier for three others: fsyncs one after
     the other would never get there (the barrier times out and the files
-    fail).  Every file is still fsynced before its rename, and each once.
+    fail).  Every temp file is fsynced exactly once; that each is fsynced
+    before its rename is test_a_batched_write_returns_only_once_durable's.
     """
     from concurrent.futures import ThreadPoolExecutor
 
