@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,31 @@ def notification(
         "datetime": w3cdt.format(when),
         **extra,
     }
+
+
+class HoldingSource(Source):
+    """A Source whose resources matching ``holds`` (a URL path) answer only while ``open`` is set.
+
+    ``open`` starts set unless ``opened=False``: a test holds the answers back
+    (its fetches hang) and releases them when it says so.
+    """
+
+    def __init__(
+        self,
+        holds: Callable[[str], bool] = lambda path: path.startswith("/r/"),
+        *,
+        opened: bool = True,
+    ) -> None:
+        super().__init__()
+        self.holds = holds
+        self.open = asyncio.Event()
+        if opened:
+            self.open.set()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        if self.holds(request.path):
+            await self.open.wait()
+        return await super()._handle(request)
 
 
 def of_entry(source: Source, seq: int, entry: Entry) -> bytes:

@@ -7,42 +7,26 @@ applied latency and its stages read seconds high at 1,000 changes/s, where
 a retried fetch or two always sits at the head of the pipeline.
 
 A real engine (tests/syncrig.py) against the minimal Source of
-tests/minisource.py, one of whose resources hangs until released.
+tests/minisource.py (HoldingSource), one of whose resources hangs until released.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
-
-from aiohttp import web
 
 from rsnotify.envelope import Notification
 from rsnotify.subscriber import events as ev
 from rsnotify.subscriber.mirror import path_for
 from tests.devstack import async_wait_for
-from tests.minisource import Source, of_entry
+from tests.minisource import HoldingSource, of_entry
 from tests.syncrig import running_engine
-
-
-class OneSlowResource(Source):
-    """A Source whose ``r/slow.txt`` answers only once ``release`` is set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = asyncio.Event()
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        if request.path.endswith("/r/slow.txt"):
-            await self.release.wait()
-        return await super()._handle(request)
 
 
 async def test_a_change_applied_behind_a_slow_one_is_stamped_when_it_was_applied(
     tmp_path: Path,
 ) -> None:
-    source = OneSlowResource()
+    source = HoldingSource(lambda path: path.endswith("/r/slow.txt"), opened=False)
     await source.start({"a.txt": b"alpha\n"})
     observed: dict[str, float] = {}
 
@@ -62,7 +46,7 @@ async def test_a_change_applied_behind_a_slow_one_is_stamped_when_it_was_applied
             await async_wait_for(fast_file.exists, timeout=10, message="fast.txt never applied")
             assert fast.loc not in observed  # not counted yet: the cursor waits for slow.txt
             released_at = time.time()
-            source.release.set()
+            source.open.set()
 
             def both() -> bool:
                 if task.done():

@@ -15,14 +15,11 @@ loopback port.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-
-from aiohttp import web
 
 from rsnotify.subscriber import events as ev
 from tests.devstack import async_wait_for
-from tests.minisource import Source, differences, of_entry
+from tests.minisource import HoldingSource, differences, of_entry
 from tests.syncrig import running_engine
 
 CAP = 5
@@ -30,24 +27,10 @@ CHANGES = 40
 QUEUE = 10
 
 
-class HangingSource(Source):
-    """A Source whose resources answer only while ``open`` is set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.open = asyncio.Event()
-        self.open.set()
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        if request.path.startswith("/r/"):
-            await self.open.wait()
-        return await super()._handle(request)
-
-
 async def test_the_pipeline_stops_at_its_cap_and_the_rest_waits_in_the_queue(
     tmp_path: Path,
 ) -> None:
-    source = HangingSource()
+    source = HoldingSource()
     await source.start({"a.txt": b"alpha\n"})
     try:
         async with running_engine(source, tmp_path, timeout=60.0, max_in_flight=CAP) as (
@@ -88,7 +71,7 @@ async def test_the_pipeline_stops_at_its_cap_and_the_rest_waits_in_the_queue(
 async def test_a_full_queue_drops_behind_one_marker_and_the_catch_up_recovers(
     tmp_path: Path,
 ) -> None:
-    source = HangingSource()
+    source = HoldingSource()
     await source.start({"a.txt": b"alpha\n"})
     try:
         async with running_engine(
