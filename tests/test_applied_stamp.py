@@ -43,7 +43,14 @@ async def test_a_change_applied_behind_a_slow_one_is_stamped_when_it_was_applied
             engine.offer(ev.Message(of_entry(source, 1, slow), None))
             engine.offer(ev.Message(of_entry(source, 2, fast), None))
             fast_file = path_for(fast.loc, tmp_path / "mirror")
-            await async_wait_for(fast_file.exists, timeout=10, message="fast.txt never applied")
+            # Applied and finished: the file is written before the change's
+            # outcome is recorded, and the stamp is taken when it finishes
+            # (the applier's own done-callback runs just before the engine's).
+            await async_wait_for(
+                lambda: fast_file.exists() and engine.applier.pending == 1,
+                timeout=10,
+                message="fast.txt never applied",
+            )
             assert fast.loc not in observed  # not counted yet: the cursor waits for slow.txt
             released_at = time.time()
             source.open.set()
