@@ -142,20 +142,16 @@ def nearest_rank(values: list[float], q: float) -> float:
     return ordered[max(1, math.ceil(q * len(ordered))) - 1]
 
 
-def samples_upto(client: Any, through: str) -> list[dict[str, float | str]]:
-    out = []
-    for _, f in client.xrange("rsn:tm:samples", "-", through):
-        g = {k.decode(): v.decode() for k, v in f.items()}
-        out.append(g)
-    return out
-
-
-def samples_with_ids(client: Any) -> list[tuple[str, dict[str, str]]]:
-    """Every latency sample with its stream id (when Redis wrote it, in ms)."""
+def samples_with_ids(client: Any, through: str = "+") -> list[tuple[str, dict[str, str]]]:
+    """Every latency sample up to stream id ``through``, with its id (Redis write time, ms)."""
     return [
         (stream_id.decode(), {k.decode(): v.decode() for k, v in f.items()})
-        for stream_id, f in client.xrange("rsn:tm:samples", "-", "+")
+        for stream_id, f in client.xrange("rsn:tm:samples", "-", through)
     ]
+
+
+def samples_upto(client: Any, through: str) -> list[dict[str, str]]:
+    return [sample for _, sample in samples_with_ids(client, through)]
 
 
 def stages_of(g: dict[str, Any]) -> dict[str, float]:
