@@ -8,9 +8,10 @@ began anyway (a broker slower than the wait) is a gap, caught up at once
 (``GapDetector.on_connect``).  Before both, a change published between the two
 reached nobody until the safety poll, five minutes later by default.
 
-The broker here is a real Mosquitto behind a relay that passes the client's
-CONNECT (so the connection is up) and holds its SUBSCRIBE until the test
-releases it.
+Each collection waits for its own channels only (a collection without push
+starts polling at once).  The broker here is a real Mosquitto behind a relay
+that passes the client's CONNECT (so the connection is up) and holds its
+SUBSCRIBE until the test releases it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +27,15 @@ import aiohttp
 import paho.mqtt.client as mqtt
 import pytest
 
+from rsnotify import sitemap
+from rsnotify.discovery import CHANNEL_REL
+from rsnotify.model import Capability, Entry, Link, Root, make_document
 from rsnotify.publisher.service import Publisher, PublisherConfig
 from rsnotify.subscriber import service
 from rsnotify.subscriber.service import Subscriber, SubscriberConfig
 from rsnotify.subscriber.sync import CollectionSync
 from tests.devstack import Mosquitto, Redis, async_wait_for, wait_for
+from tests.minisource import Source, differences
 from tests.test_subscriber import _all_started, converged, post, running, simulator
 from tests.test_transport_mqtt import PacketRelay
 
@@ -184,3 +189,101 @@ async def test_the_start_up_catch_up_waits_for_the_subscription(
         )
         await rig.converged("no convergence")
         assert rig.engine.stats.catchups == 1, "the subscription came first: one catch-up"
+
+
+class TwoCollections(Source):
+    """Two Capability Lists (Z39.99 section 7: a Source Description lists each):
+    the first advertises an MQTT channel, the second none.
+
+    The second collection has its own, empty, Resource List and Change List.
+    """
+
+    def __init__(self, channel: Callable[[str], str]) -> None:
+        super().__init__()
+        self.channel = channel  # collection id -> the advertised channel URL
+
+    def _documents(self) -> dict[str, bytes]:
+        documents = super()._documents()
+        second = self.url("quiet/capabilitylist.xml")
+        documents["/.well-known/resourcesync"] = sitemap.serialize(
+            make_document(
+                Root.URLSET,
+                Capability.DESCRIPTION,
+                entries=[
+                    Entry(loc=self.capability_list, capability=Capability.CAPABILITYLIST),
+                    Entry(loc=second, capability=Capability.CAPABILITYLIST),
+                ],
+            )
+        )
+        documents["/capabilitylist.xml"] = sitemap.serialize(
+            make_document(
+                Root.URLSET,
+                Capability.CAPABILITYLIST,
+                links=[Link(rel=CHANNEL_REL, href=self.channel(self.collection))],
+                entries=[
+                    Entry(loc=self.url("resourcelist.xml"), capability=Capability.RESOURCELIST),
+                    Entry(loc=self.changelist, capability=Capability.CHANGELIST),
+                ],
+            )
+        )
+        documents["/quiet/capabilitylist.xml"] = sitemap.serialize(
+            make_document(
+                Root.URLSET,
+                Capability.CAPABILITYLIST,
+                entries=[
+                    Entry(
+                        loc=self.url("quiet/resourcelist.xml"), capability=Capability.RESOURCELIST
+                    ),
+                    Entry(loc=self.url("quiet/changelist.xml"), capability=Capability.CHANGELIST),
+                ],
+            )
+        )
+        documents["/quiet/resourcelist.xml"] = sitemap.serialize(
+            make_document(Root.URLSET, Capability.RESOURCELIST, at=self.at, entries=[])
+        )
+        documents["/quiet/changelist.xml"] = sitemap.serialize(
+            make_document(Root.URLSET, Capability.CHANGELIST, from_=self.at, entries=[])
+        )
+        return documents
+
+
+async def test_a_collection_does_not_wait_for_another_collections_subscription(
+    tmp_path: Path, mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each engine waits for its own channels: one without push starts polling at once.
+
+    Before, every engine waited for every channel's first subscription (up to
+    FIRST_SUBSCRIPTION_WAIT), so a collection without push, or with a
+    WebSocket channel, started as late as another collection's slowest broker.
+    """
+    monkeypatch.setattr(service, "FIRST_SUBSCRIPTION_WAIT", 60.0)
+    async with HeldSubscriptions(mosquitto) as held:
+        source = TwoCollections(lambda cid: f"{held.url}/resourcesync/{cid}/changes")
+        base = await source.start({"a": b"first collection"})
+        try:
+            config = SubscriberConfig(
+                source=base,
+                into=str(tmp_path / "mirror"),
+                heartbeat_timeout=3600,
+                safety_poll=3600,
+                degraded_after=3600,
+            )
+            async with running(Subscriber, config) as sub:
+                pushed = sub.engines[source.collection]
+                (quiet,) = (e for e in sub.engines.values() if e is not pushed)
+                await async_wait_for(
+                    lambda: quiet.stats.state == "polling" and held.holding.is_set(),
+                    timeout=20,
+                    message="the collection without push waited for the other's SUBACK",
+                )
+                assert pushed.stats.state == "subscribing"
+                assert pushed.stats.catchups == 0, "its catch-up must wait for its SUBACK"
+                held.release()
+                await async_wait_for(
+                    lambda: pushed.stats.state == "live",
+                    timeout=20,
+                    message="the pushed collection never went live",
+                )
+                assert differences(source, tmp_path / "mirror") == []
+        finally:
+            await source.stop()

@@ -197,6 +197,10 @@ class Subscriber:
         self._cursors: CursorStore | RedisCursorStore | None = None
         self._resources: ResourceStore | None = None
         self._channels: list[MqttChannel | WebSocketChannel | WebSubChannel] = []
+        # collection -> the channels that push its changes (an MQTT channel
+        # serves every collection it subscribes for): whose first
+        # subscriptions that collection's start-up catch-up waits for.
+        self._channels_of: dict[str, list[MqttChannel | WebSocketChannel | WebSubChannel]] = {}
         self._callbacks: CallbackServer | None = None  # when --via websub
         self._tasks: list[asyncio.Task[None]] = []
         self._event_tasks: set[asyncio.Task[None]] = set()
@@ -216,6 +220,13 @@ class Subscriber:
                 delay = backoff.next()
                 log.warning("discovery failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
+
+    def _add_channel(
+        self, channel: MqttChannel | WebSocketChannel | WebSubChannel, *collections: str
+    ) -> None:
+        self._channels.append(channel)
+        for cid in collections:
+            self._channels_of.setdefault(cid, []).append(channel)
 
     def _hub_for(self, cap: discovery.CapabilityListInfo) -> str | None:
         """The channel to use: --via; else WebSub when advertised and --callback is given;
@@ -325,7 +336,7 @@ class Subscriber:
                 continue
             hub = self._hub_for(cap)
             if cap.framework and config.callback:  # Framework Notification: a channel of its own
-                self._channels.append(self._websub_channel(cap, cid, "websub", engine, True))
+                self._add_channel(self._websub_channel(cap, cid, "websub", engine, True), cid)
                 engine.framework_polls = hub is None  # then it is the only push this engine gets
             if hub is None:
                 what = (
@@ -346,7 +357,7 @@ class Subscriber:
                 engine.without_push()
                 continue
             if channel_kind(hub) == "websub":
-                self._channels.append(self._websub_channel(cap, cid, hub, engine))
+                self._add_channel(self._websub_channel(cap, cid, hub, engine), cid)
                 self.metrics.transport.labels(cid).info({"transport": "websub"})
             elif channel_kind(hub) == "ws":
                 # Imported only when there is a channel: websockets and paho are
@@ -362,7 +373,7 @@ class Subscriber:
                     ssl_context=client_tls_context(config.ws_tls_ca) if config.ws_tls_ca else None,
                 )
                 engine.replay = ws_channel.replay
-                self._channels.append(ws_channel)
+                self._add_channel(ws_channel, cid)
                 self.metrics.transport.labels(cid).info({"transport": "websocket"})
             else:
                 mqtt_url = mqtt_url or hub
@@ -387,7 +398,7 @@ class Subscriber:
             client_id = f"rsnotify-sub-{mirror_id[-(64 - len('rsnotify-sub-')) :]}"
             from .channels import MqttChannel  # imported only when there is a channel
 
-            self._channels.append(
+            self._add_channel(
                 MqttChannel(
                     url,
                     mqtt_sinks,
@@ -396,12 +407,13 @@ class Subscriber:
                     tls_ca=config.mqtt_tls_ca,
                     tls_insecure=config.mqtt_tls_insecure,
                     protocol=config.mqtt_protocol,
-                )
+                ),
+                *mqtt_sinks,
             )
         if self._channels and not config.secrets:
             self._warn_unsigned(mqtt_url)
         # Channels first, so nothing published during the catch-up is missed
-        # (run_forever waits for their subscriptions before the catch-ups).
+        # (each engine waits for its own channels' subscriptions before its catch-up).
         for channel in self._channels:
             channel.start()
         if config.report:  # telemetry for `rsnotify dashboard` (see rsnotify.report)
@@ -541,6 +553,7 @@ class Subscriber:
 
     async def _run_engine(self, engine: CollectionSync) -> None:
         """Run one collection; after a local failure, restart it from the durable cursor."""
+        await self._first_subscriptions(engine)
         backoff = Backoff(maximum=30.0)
         while True:
             try:
@@ -580,38 +593,44 @@ class Subscriber:
         return 1 if any(e.stats.failed or e.incomplete for e in self.engines.values()) else 0
 
     async def run_forever(self) -> None:
-        await self._first_subscriptions()
         for engine in self.engines.values():
             self._tasks.append(asyncio.create_task(self._run_engine(engine)))
         await self.stopping.wait()
 
-    async def _first_subscriptions(self) -> None:
-        """Wait until every channel's first subscription attempt has an outcome.
+    async def _first_subscriptions(self, engine: CollectionSync) -> None:
+        """Wait until the first subscription attempts of the channels that push
+        ``engine``'s collection have an outcome.
 
-        The engines' start-up catch-ups cover what was published before they
+        The engine's start-up catch-up covers what was published before it
         began, push what comes after the subscription: a catch-up that ran
         before the broker acknowledged the subscription would leave the
         changes in between to the safety poll.  Attempts that fail (refused,
-        unreachable) end the wait too: those engines poll.
+        unreachable) end the wait too: the engine polls.  Only this engine's
+        channels: a collection without push, or with a WebSocket channel,
+        does not wait for another collection's broker.
         """
-        waits = [channel.first_attempt.wait() for channel in self._channels]
-        if not waits:
+        channels = self._channels_of.get(engine.collection, [])
+        if not channels:
             return
         timeout = FIRST_SUBSCRIPTION_WAIT
-        for engine in self.engines.values():
-            engine.stats.state = "subscribing"
+        engine.stats.state = "subscribing"
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
-                await asyncio.gather(*waits)
+                await asyncio.gather(*(channel.first_attempt.wait() for channel in channels))
         except TimeoutError:
             log.warning(
-                "push channel(s) not subscribed after %gs; catching up now, "
-                "and once more when they are",
+                "%s: push channel not subscribed after %gs; catching up now, "
+                "and once more when it is",
+                engine.collection,
                 timeout,
             )
         else:
-            log.debug("channels subscribed in %.3fs", time.monotonic() - started)
+            log.debug(
+                "%s: channel(s) subscribed in %.3fs",
+                engine.collection,
+                time.monotonic() - started,
+            )
 
     async def stop(self) -> None:
         self.stopping.set()
