@@ -23,9 +23,14 @@ each starting from the same state directory:
   body digests, so it must re-read, parse and diff every part against its
   map (what a Source without validators, or a naive differ, costs);
 * ``re-read, digests kept`` (extra): no validators, but each part's body
-  digest is known, so unchanged bytes are hashed and not parsed.
+  digest is known, so unchanged bytes are hashed and not parsed;
+* ``every part renamed`` (extra): the same change, but the Source also
+  renamed every part (a re-sharded index, or parts named by date): each new
+  part is compared with the maps of the parts the index no longer names, as
+  one set (:class:`~rsnotify.changes.snapshot.Comparison`), so the
+  resources that only moved cost table space, not entries.
 
-Both diffs must find the same 120 changes.  Run ``python -m bench.snapshot_diff``
+Every diff must find the same 120 changes.  Run ``python -m bench.snapshot_diff``
 (``--quick``: 4 x 5,000).  It always exits 0: it measures, and prints
 PASS/FAIL of the one-part poll's peak RSS against the bound.
 """
@@ -66,6 +71,7 @@ DATA_VERSION = 1  # bump when the generated documents change shape
 BASE_URL = "https://data.example.org"
 INDEX = "resourcelist-index.xml"
 CHANGED_PART = 7  # 0-based: which part the change touches (the last, with fewer parts)
+RENAMED = "resourcelist-2024-01-31"  # contender (d)'s part names: every part renamed
 UPDATES, DELETES, CREATES = 100, 10, 10
 START = datetime(2024, 1, 1, tzinfo=UTC)
 AT_BEFORE = START + timedelta(days=30)
@@ -79,8 +85,8 @@ def changed_part(parts: int) -> int:
     return min(CHANGED_PART, parts - 1)
 
 
-def _part_name(number: int) -> str:
-    return f"resourcelist-{number + 1:04d}.xml"
+def _part_name(number: int, prefix: str = "resourcelist") -> str:
+    return f"{prefix}-{number + 1:04d}.xml"
 
 
 def _resources(part: int, per_part: int) -> list[Any]:
@@ -141,7 +147,7 @@ def _write(document: Any, path: Path) -> None:
     tmp.replace(path)
 
 
-def _index(parts: int, at: datetime, changed_at: datetime) -> Any:
+def _index(parts: int, at: datetime, changed_at: datetime, prefix: str = "resourcelist") -> Any:
     from rsnotify.model import Capability, Entry, Link, Root, make_document
 
     return make_document(
@@ -151,7 +157,7 @@ def _index(parts: int, at: datetime, changed_at: datetime) -> Any:
         links=[Link(rel="up", href=f"{BASE_URL}/capabilitylist.xml")],
         entries=[
             Entry(
-                loc=f"{BASE_URL}/{_part_name(n)}",
+                loc=f"{BASE_URL}/{_part_name(n, prefix)}",
                 at=changed_at if n == changed_part(parts) else AT_BEFORE,
             )
             for n in range(parts)
@@ -217,6 +223,19 @@ def _link_tree(source: Path, target: Path) -> None:
     target.mkdir(parents=True)
     for path in source.iterdir():
         os.link(path, target / path.name)
+
+
+def _renamed_site(site: Path, target: Path, parts: int) -> None:
+    """``site`` after its change, every part renamed (a re-sharded index, parts named by date).
+
+    The same part files under new names (hard links) and an index naming them.
+    """
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for n in range(parts):
+        os.link(site / _part_name(n), target / _part_name(n, RENAMED))
+    _write(_index(parts, AT_AFTER, AT_AFTER, RENAMED), target / INDEX)
 
 
 def _apply_change(inputs: Path, site: Path) -> None:
@@ -332,6 +351,12 @@ CONTENDERS = [
         f"{_HERE}:prepare_poll",
         "validators",
     ),
+    Contender(
+        "renamed",
+        "(d) every part renamed (a re-shard)",
+        f"{_HERE}:prepare_poll",
+        "",
+    ),
 ]
 
 
@@ -366,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     inputs = ensure_inputs(opts.data_dir, parts, per_part)
     work = opts.data_dir / f"{NAME}-work"
     site, recorded, state = work / "site", work / "recorded", work / "state"
+    renamed = work / "renamed"
     bytes_set = sum(p.stat().st_size for p in (inputs / "before").iterdir())
     print(
         f"index set: {parts} x {per_part:,} = {parts * per_part:,} resources, "
@@ -389,13 +415,15 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(recorded, ignore_errors=True)
                 shutil.copytree(state, recorded)
                 _apply_change(inputs, site)
+                _renamed_site(site, renamed, parts)
                 for path in site.iterdir():
                     path.read_bytes()
             else:
                 # Each poll starts from the state the first read recorded.
                 shutil.rmtree(state, ignore_errors=True)
                 shutil.copytree(recorded, state)
-                sample = measure(c.prepare, [str(site), str(state), c.forget])
+                where = renamed if c.key == "renamed" else site
+                sample = measure(c.prepare, [str(where), str(state), c.forget])
             series[c.key].samples.append(sample)
             found[c.key].add(sample.entries)
             print(
@@ -405,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     expected = UPDATES + DELETES + CREATES
-    for key in ("one_part", "everything", "reread_digests"):
+    for key in ("one_part", "everything", "reread_digests", "renamed"):
         if found[key] != {expected}:
             print(f"ERROR: {key} found {sorted(found[key])} changes, expected {expected}")
     rows = []

@@ -22,6 +22,7 @@ from rsnotify import sitemap
 from rsnotify.changes import snapshotwatch
 from rsnotify.changes.access import DirectoryAccess, Fetched
 from rsnotify.changes.snapshot import (
+    Comparison,
     Diff,
     compare_part,
     derived_time,
@@ -167,6 +168,53 @@ def test_a_moved_resource_that_changed_is_updated() -> None:
     assert change.change is ChangeType.UPDATED and change.length == 9
 
 
+# A Source's resources before and after, each dealt to a part: (name, length, part).
+_DEALT = st.lists(
+    st.tuples(st.sampled_from("abcdefghijkl"), st.integers(1, 3), st.integers(0, 3)),
+    max_size=12,
+    unique_by=lambda t: t[0],
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(old=_DEALT, new=_DEALT)
+def test_renamed_parts_compared_as_one_set_keep_only_what_changed(
+    old: list[tuple[str, int, int]], new: list[tuple[str, int, int]]
+) -> None:
+    """Every old part gone, every new part new (a re-sharded index): one Comparison of
+    the new parts with the gone parts' maps derives what the resources did, and keeps
+    an entry only for a resource created, a string only for one deleted."""
+    olds = [
+        encode_map({_res(n, k).loc: fingerprint(_res(n, k)) for n, k, p in old if p == part})
+        for part in range(4)
+    ]
+    diff = Diff()
+    comparison = Comparison(olds, diff)
+    for part in range(4):
+        _, count = comparison.part([_res(n, k) for n, k, p in new if p == part])
+        assert count == sum(1 for *_, p in new if p == part)
+    comparison.finish()
+    before = {n: k for n, k, _ in old}
+    after = {n: k for n, k, _ in new}
+    expected = sorted(
+        [(n, ChangeType.CREATED) for n in after if n not in before]
+        + [(n, ChangeType.UPDATED) for n in after if n in before and before[n] != after[n]]
+        + [(n, ChangeType.DELETED) for n in before if n not in after]
+    )
+    changes = settle(diff, since=T0, at=T0 + timedelta(hours=1))
+    assert sorted((c.loc.rsplit("/", 1)[1], c.change) for c in changes) == expected
+    assert len(diff.added) == sum(1 for n in after if n not in before)
+    assert set(diff.removed) == {_res(n, 1).loc for n in before if n not in after}
+
+
+def test_a_loc_listed_by_two_new_parts_counts_in_each() -> None:
+    """The table's generations: a loc again in the next part is that part's first listing."""
+    a = _res("a", 1)
+    comparison = Comparison([encode_map({a.loc: fingerprint(a)})], Diff())
+    assert comparison.part([a, a])[1] == 1
+    assert comparison.part([a])[1] == 1
+
+
 # -- the watcher over a directory Source ---------------------------------------------------
 
 
@@ -228,6 +276,7 @@ class DirSource:
         self.resources: dict[str, int] = {}  # name -> length (its state)
         self.lastmod: dict[str, datetime] = {}
         self.part_of: dict[str, int] = {}
+        self.part_name = "part{}.xml"  # a Source may rename its parts (a re-shard)
 
     def url(self, name: str) -> str:
         return f"{BASE}/{name}"
@@ -272,15 +321,16 @@ class DirSource:
         refs = []
         for p in range(self.parts):
             mine = [n for n in names if self.part_of[n] == p]
-            path = self.root / f"part{p}.xml"
+            name = self.part_name.format(p)
+            path = self.root / name
             old = sitemap.parse(path.read_bytes()) if path.exists() else None
             old_set = {(e.loc, e.length) for e in old.entries} if old else None
             new_set = {(f"{BASE}/res/{n}", self.resources[n]) for n in mine}
             if old_set != new_set and (only is None or p in only):
                 self.part_at[p] = self.at
-                self._write(f"part{p}.xml", self._list(mine, self.part_at[p]))
+                self._write(name, self._list(mine, self.part_at[p]))
             declared = self.part_at.get(p) if self.declare else None
-            refs.append(Entry(loc=self.url(f"part{p}.xml"), at=declared))
+            refs.append(Entry(loc=self.url(name), at=declared))
         if only is not None:
             return
         index = make_document(Root.SITEMAPINDEX, Capability.RESOURCELIST, at=self.at, entries=refs)
@@ -387,6 +437,78 @@ def test_an_index_reads_only_the_part_that_changed_and_sees_moves(tmp_path: Path
         ("h", ChangeType.DELETED),
     ]
     assert [access.bodies[f"part{p}.xml"] for p in range(3)] == [2, 2, 2]
+
+
+def _diffs_settled(monkeypatch: pytest.MonkeyPatch) -> list[Diff]:
+    """Every diff the watcher settles from now on (what it held in memory)."""
+    diffs: list[Diff] = []
+    real = snapshotwatch.settle
+
+    def settling(diff: Diff, **kw: datetime | None) -> list[Entry]:
+        diffs.append(diff)
+        return real(diff, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snapshotwatch, "settle", settling)
+    return diffs
+
+
+def test_a_reshard_holds_no_entry_for_a_resource_that_only_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts renamed and resources dealt anew (a re-sharded index, parts named by date):
+    no change, and the diff holds nothing, where it held every entry of every part."""
+    source = _index_source(tmp_path, "abcdefghi", parts=3)
+    watcher = _watcher(source, DirectoryAccess(source.root), tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    diffs = _diffs_settled(monkeypatch)
+    source.parts, source.part_name = 4, "2026-11-29-part{}.xml"
+    for i, n in enumerate("abcdefghi"):
+        source.part_of[n] = (i * 3) % 4
+    source.publish()
+    assert _changes(_poll_and_commit(watcher)) == []
+    (diff,) = diffs
+    assert (diff.changed, diff.added, diff.removed) == ([], [], {})
+    # Renamed again, with a resource changed, one deleted, one created on the way.
+    source.part_name = "2026-11-30-part{}.xml"
+    source.set("c", 9, part=1)
+    source.delete("e")
+    source.set("z", 1, part=2)
+    source.publish()
+    assert _changes(_poll_and_commit(watcher)) == [
+        ("c", ChangeType.UPDATED),
+        ("z", ChangeType.CREATED),
+        ("e", ChangeType.DELETED),
+    ]
+    assert len(diffs[1].added) == 1 and list(diffs[1].removed) == [f"{BASE}/res/e"]
+
+
+def test_a_list_grown_into_an_index_at_its_url_is_compared_with_the_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Resource List that outgrows the Sitemap limit becomes an index at the same URL
+    (Z39.99 section 10.2): its resources moved into the parts, nothing changed."""
+    source = DirSource(tmp_path / "src")
+    source.root.mkdir()
+    for n in "abcd":
+        source.set(n, 1)
+    source.publish()
+    grown = tmp_path / "grown"
+    grown.mkdir()
+    index = DirSource(grown, parts=2)
+    for i, n in enumerate("abcd"):
+        index.set(n, 1, part=i % 2)
+    index.lastmod = dict(source.lastmod)
+    index.publish()
+    access = DirectoryAccess(source.root)
+    watcher = _watcher(source, access, tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    for name in ("part0.xml", "part1.xml"):
+        (source.root / name).write_bytes((grown / name).read_bytes())
+    # The index at the list's own URL.
+    (source.root / "resourcelist.xml").write_bytes((grown / "resourcelist-index.xml").read_bytes())
+    diffs = _diffs_settled(monkeypatch)
+    assert _changes(_poll_and_commit(watcher)) == []
+    assert [(d.changed, d.added, d.removed) for d in diffs] == [([], [], {})]
 
 
 def test_a_half_consumed_diff_resumes_exactly_after_a_restart(tmp_path: Path) -> None:

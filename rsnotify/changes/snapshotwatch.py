@@ -37,7 +37,7 @@ First read
     the snapshot is recorded; otherwise it re-baselines once
     (``CoverageHole``), then records.
 
-Why one module of ~680 lines
+Why one module of ~720 lines
     Reading a snapshot, comparing its parts, resuming a half-consumed diff
     and keeping the maps that checkpoints name are one state machine over
     one checkpoint format: split, each piece would need the others'
@@ -64,6 +64,7 @@ from ..model import Capability, Entry
 from ..tracker import Checkpoint, Detection, SnapshotPosition, Snapshots
 from .access import DocumentAccess, Fetched
 from .snapshot import (
+    Comparison,
     Diff,
     PartState,
     SnapshotState,
@@ -430,17 +431,26 @@ class SnapshotWatcher:
                     part_urls, declared = result.parts, result.declared
                 else:
                     state.parts[url] = await self._store(url, parsed, digest, result)
+        named = set(part_urls)
+        orphans = [p for u, p in before.parts.items() if u not in named] if state.index else []
+        renamed: Comparison | None = None
+        if diff is not None and orphans and any(u not in before.parts for u in part_urls):
+            # Parts gone and parts new: a re-sharded index (or a list grown into
+            # one); the new parts are compared with the gone ones' maps.
+            maps = [await self._map(p) for p in orphans]
+            renamed = await asyncio.to_thread(Comparison, maps, diff)
         for part_url in part_urls:
             seen = validators.parts.get(part_url) if validators else None
-            part = await self._read_part(part_url, seen, before, diff, times)
+            part = await self._read_part(part_url, seen, before, diff, times, renamed)
             state.parts[part_url] = replace(part, declared=declared.get(part_url))
         if self._torn_read(state):
             return None  # read again at the next poll
-        if diff is not None:
-            for gone in before.parts.values():  # parts the index no longer names
-                if gone.url not in state.parts:
-                    for loc, fp in iter_map(await self._map(gone)):
-                        diff.removed.setdefault(loc, fp)
+        if renamed is not None:  # the gone parts' locs that no new part lists
+            await asyncio.to_thread(renamed.finish)
+        elif diff is not None:
+            for gone in orphans:  # parts the index no longer names
+                for loc, fp in iter_map(await self._map(gone)):
+                    diff.removed.setdefault(loc, fp)
         if _content(state) == _content(before):
             self._state = state  # same resources: keep the validators just read
             self._states_read += 1
@@ -517,8 +527,10 @@ class SnapshotWatcher:
         before: SnapshotState,
         diff: Diff | None,
         times: list[datetime | None],
+        renamed: Comparison | None = None,
     ) -> PartState:
-        """One part of an index: not modified, the same bytes, or parsed and compared.
+        """One part of an index: not modified, the same bytes, or parsed and compared
+        (a part ``before`` did not name, with the gone parts in ``renamed``).
 
         The body is hashed before any reader is built: a reader holds its
         body in a reference cycle (the reader and its element generator)
@@ -543,14 +555,23 @@ class SnapshotWatcher:
             if old is not None and old.digest == digest:
                 return _unchanged(old, fetched, digest)
             parsed = _HashedReads(fetched)
-            result = await self._parse(parsed, old, diff, part=True)
+            result = await self._parse(
+                parsed, old, diff, part=True, renamed=renamed if old is None else None
+            )
             times.append(result.at)
             return await self._store(url, parsed, digest, result)
 
     async def _parse(
-        self, parsed: _HashedReads, old: PartState | None, diff: Diff | None, *, part: bool
+        self,
+        parsed: _HashedReads,
+        old: PartState | None,
+        diff: Diff | None,
+        *,
+        part: bool,
+        renamed: Comparison | None = None,
     ) -> _Parsed:
-        """Parse a list whose bytes changed and compare it with its old map (into ``diff``).
+        """Parse a list whose bytes changed and compare it with its old map (into ``diff``),
+        or with the maps of the parts an index no longer names (``renamed``).
 
         In a worker thread: 50,000 entries take ~0.5 s, which on the loop
         would hold up push for every collection.  The reader is built and
@@ -569,7 +590,10 @@ class SnapshotWatcher:
                     if entry.at is not None:
                         declared[entry.loc] = entry.at
                 return _Parsed(header.at, parts, declared=declared)
-            data, count = compare_part(old_map, reader, diff)
+            if renamed is not None:
+                data, count = renamed.part(reader)
+            else:
+                data, count = compare_part(old_map, reader, diff)
             return _Parsed(header.at, None, data, count)
 
         return await asyncio.to_thread(work)
