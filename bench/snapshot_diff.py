@@ -24,6 +24,10 @@ each starting from the same state directory:
   map (what a Source without validators, or a naive differ, costs);
 * ``re-read, digests kept`` (extra): no validators, but each part's body
   digest is known, so unchanged bytes are hashed and not parsed;
+* ``over HTTP`` (extra): (c') with the Source served by nginx (a stock web
+  server: strong ETag), read by rsnotify's HTTP client (its imports count in
+  the base RSS): every part downloaded, its body spooled to a temporary file
+  as it arrives and hashed, only the changed one parsed;
 * ``every part renamed`` (extra): the same change, but the Source also
   renamed every part (a re-sharded index, or parts named by date): each new
   part is compared with the maps of the parts the index no longer names, as
@@ -147,7 +151,13 @@ def _write(document: Any, path: Path) -> None:
     tmp.replace(path)
 
 
-def _index(parts: int, at: datetime, changed_at: datetime, prefix: str = "resourcelist") -> Any:
+def _index(
+    parts: int,
+    at: datetime,
+    changed_at: datetime,
+    prefix: str = "resourcelist",
+    base: str = BASE_URL,
+) -> Any:
     from rsnotify.model import Capability, Entry, Link, Root, make_document
 
     return make_document(
@@ -157,7 +167,7 @@ def _index(parts: int, at: datetime, changed_at: datetime, prefix: str = "resour
         links=[Link(rel="up", href=f"{BASE_URL}/capabilitylist.xml")],
         entries=[
             Entry(
-                loc=f"{BASE_URL}/{_part_name(n, prefix)}",
+                loc=f"{base}/{_part_name(n, prefix)}",
                 at=changed_at if n == changed_part(parts) else AT_BEFORE,
             )
             for n in range(parts)
@@ -238,6 +248,16 @@ def _renamed_site(site: Path, target: Path, parts: int) -> None:
     _write(_index(parts, AT_AFTER, AT_AFTER, RENAMED), target / INDEX)
 
 
+def _http_site(site: Path, target: Path, parts: int, base: str) -> None:
+    """``site`` after its change, for a web server at ``base``: its index names ``base``'s parts."""
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for n in range(parts):
+        os.link(site / _part_name(n), target / _part_name(n))
+    _write(_index(parts, AT_AFTER, AT_AFTER, base=base), target / INDEX)
+
+
 def _apply_change(inputs: Path, site: Path) -> None:
     """The Source publishes its change: the changed part, then the index, each replaced."""
     for name in sorted(p.name for p in (inputs / "after").iterdir()):
@@ -255,16 +275,16 @@ def _apply_change(inputs: Path, site: Path) -> None:
 # read) or the changes found.
 
 
-def _watcher(site: str, state: str, checkpoint: Any) -> Any:
+def _watcher(site: str, state: str, checkpoint: Any, access: Any = None, base: str = "") -> Any:
     from rsnotify.changes.access import DirectoryAccess
     from rsnotify.changes.snapshotblobs import DirectoryBlobs
     from rsnotify.changes.snapshotwatch import SnapshotWatcher
 
     return SnapshotWatcher(
-        access=DirectoryAccess(site),
+        access=access if access is not None else DirectoryAccess(site),
         collection="bench",
         capability_list=f"{BASE_URL}/capabilitylist.xml",
-        resourcelist_url=f"{BASE_URL}/{INDEX}",
+        resourcelist_url=f"{base or BASE_URL}/{INDEX}",
         checkpoint=checkpoint,
         blobs=DirectoryBlobs(Path(state) / "maps"),
     )
@@ -290,8 +310,14 @@ def prepare_first(site: str, state: str) -> Callable[[], int]:
     return run
 
 
-def prepare_poll(site: str, state: str, forget: str) -> Callable[[], int]:
-    """``forget``: "" (keep validators), "validators", or "validators+digests"."""
+def prepare_poll(site: str, state: str, forget: str, http: str = "") -> Callable[[], int]:
+    """``forget``: "" (keep validators), "validators", or "validators+digests".
+
+    ``http``: the base URL of a web server serving the Source (its index
+    naming its parts there): the recorded state's document URLs are moved
+    to it, and the watcher reads over HTTP (rsnotify's client imported
+    here, so the base RSS includes it).
+    """
     from dataclasses import replace
 
     from rsnotify.changes.snapshot import SnapshotState
@@ -299,26 +325,45 @@ def prepare_poll(site: str, state: str, forget: str) -> Callable[[], int]:
 
     checkpoint = Checkpoint.from_json(_checkpoint_path(state).read_text())
     assert checkpoint.snapshot is not None
-    if forget:
+    if forget or http:
         snap = SnapshotState.from_json(checkpoint.snapshot.state)
-        snap.etag = snap.last_modified = None
+        if forget:
+            snap.etag = snap.last_modified = None
+        if http:
+            snap.url = snap.url.replace(BASE_URL, http, 1)
         for url, part in list(snap.parts.items()):
-            part = replace(part, etag=None, last_modified=None)
+            if forget:
+                part = replace(part, etag=None, last_modified=None)
             if "digests" in forget:
                 part = replace(part, digest="")
+            if http:
+                del snap.parts[url]
+                url = url.replace(BASE_URL, http, 1)
+                part = replace(part, url=url)
             snap.parts[url] = part
         checkpoint = replace(checkpoint, snapshot=SnapshotPosition(snap.to_json()))
-    watcher = _watcher(site, state, checkpoint)
+    fetcher = access = None
+    if http:
+        from rsnotify.changes.access import HttpAccess
+        from rsnotify.fetch import Fetcher
+
+        fetcher = Fetcher()  # its session is made on first use, in the poll's loop
+        access = HttpAccess(fetcher)
+    watcher = _watcher(site, state, checkpoint, access, http)
 
     def run() -> int:
         async def drain() -> int:
             found = 0
-            while True:
-                result = await watcher.poll()
-                found += sum(len(d.entries) for d in result.detections)
-                watcher.commit(result.checkpoint)
-                if not result.more:
-                    return found
+            try:
+                while True:
+                    result = await watcher.poll()
+                    found += sum(len(d.entries) for d in result.detections)
+                    watcher.commit(result.checkpoint)
+                    if not result.more:
+                        return found
+            finally:
+                if fetcher is not None:
+                    await fetcher.close()
 
         return asyncio.run(drain())
 
@@ -357,6 +402,12 @@ CONTENDERS = [
         f"{_HERE}:prepare_poll",
         "",
     ),
+    Contender(
+        "http",
+        "(e) (c') over HTTP, from nginx",
+        f"{_HERE}:prepare_poll",
+        "validators",
+    ),
 ]
 
 
@@ -390,8 +441,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"generating inputs in {opts.data_dir} (reused when present) ...", flush=True)
     inputs = ensure_inputs(opts.data_dir, parts, per_part)
     work = opts.data_dir / f"{NAME}-work"
+    served = work / "served"
+    served.mkdir(parents=True, exist_ok=True)
+    from tests.devstack import Nginx  # a stock web server on a free loopback port
+
+    nginx = Nginx(work / "nginx", served).start()
+    try:
+        return _runs(opts, parts, per_part, repeat, inputs, work, nginx, started, machine_before)
+    finally:
+        nginx.stop()
+
+
+def _runs(
+    opts: argparse.Namespace,
+    parts: int,
+    per_part: int,
+    repeat: int,
+    inputs: Path,
+    work: Path,
+    nginx: Any,
+    started: float,
+    machine_before: dict[str, Any],
+) -> int:
+    """Every contender ``repeat`` times, round-robin; the table, the targets and the JSON."""
     site, recorded, state = work / "site", work / "recorded", work / "state"
-    renamed = work / "renamed"
+    renamed, served = work / "renamed", work / "served"
     bytes_set = sum(p.stat().st_size for p in (inputs / "before").iterdir())
     print(
         f"index set: {parts} x {per_part:,} = {parts * per_part:,} resources, "
@@ -416,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copytree(state, recorded)
                 _apply_change(inputs, site)
                 _renamed_site(site, renamed, parts)
+                _http_site(site, served, parts, nginx.url)
                 for path in site.iterdir():
                     path.read_bytes()
             else:
@@ -423,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(state, ignore_errors=True)
                 shutil.copytree(recorded, state)
                 where = renamed if c.key == "renamed" else site
-                sample = measure(c.prepare, [str(where), str(state), c.forget])
+                http = [nginx.url] if c.key == "http" else []
+                sample = measure(c.prepare, [str(where), str(state), c.forget, *http])
             series[c.key].samples.append(sample)
             found[c.key].add(sample.entries)
             print(
@@ -433,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     expected = UPDATES + DELETES + CREATES
-    for key in ("one_part", "everything", "reread_digests", "renamed"):
+    for key in ("one_part", "everything", "reread_digests", "renamed", "http"):
         if found[key] != {expected}:
             print(f"ERROR: {key} found {sorted(found[key])} changes, expected {expected}")
     rows = []

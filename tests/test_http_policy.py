@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rsnotify import httppolicy
+from rsnotify.changes import access
 from rsnotify.changes.access import HttpAccess
 from rsnotify.changes.incremental import EntryCounter
 from rsnotify.errors import TooManyEntries
@@ -361,7 +362,42 @@ async def test_an_honest_compressed_document_is_decoded(servers):
     assert "deflate" in source.headers_of("/xml")[-1]["Accept-Encoding"]
 
 
-async def test_a_huge_change_list_is_refused_while_streaming(servers):
+@pytest.mark.parametrize("size", [10, 30_000], ids=["small", "spooled-to-disk"])
+async def test_a_streamed_read_hands_back_the_body_as_a_file(servers, size: int) -> None:
+    """``read(stream=True)`` over HTTP: the body spooled as it arrives (to a temporary file
+    past SPOOL_IN_MEMORY), handed back as a file at its start, never as bytes."""
+    source, source_url, _, _ = servers
+    entries = b"".join(b"<url><loc>http://example.org/r/%d</loc></url>" % n for n in range(size))
+    xml = (
+        b'<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
+        b'xmlns:rs="http://www.openarchives.org/rs/terms/"><rs:md capability="resourcelist" '
+        b'at="2024-01-01T00:00:00Z"/>' + entries + b"</urlset>"
+    )
+
+    async def document(request: web.Request) -> web.Response:
+        if request.headers.get("If-None-Match") == '"v1"':
+            return web.Response(status=304, headers={"ETag": '"v1"'})
+        return web.Response(body=xml, headers={"ETag": '"v1"'})
+
+    source.routes["/resourcelist.xml"] = document
+    async with Fetcher() as fetcher:
+        fetched = await HttpAccess(fetcher).read(f"{source_url}/resourcelist.xml", stream=True)
+        assert fetched.body == b"" and fetched.file is not None and fetched.etag == '"v1"'
+        try:
+            on_disk = fetched.file._rolled  # type: ignore[attr-defined]
+            assert on_disk == (len(xml) > access.SPOOL_IN_MEMORY)
+            assert fetched.file.read() == xml
+        finally:
+            fetched.close()
+        assert fetched.file.closed
+        again = await HttpAccess(fetcher).read(
+            f"{source_url}/resourcelist.xml", etag='"v1"', stream=True
+        )
+        assert again.not_modified and again.file is None
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "spooled"])
+async def test_a_huge_change_list_is_refused_while_streaming(servers, stream: bool):
     """Finding: a 10-million-entry Change List is buffered to its 50 MB limit before refusal."""
     source, source_url, _, _ = servers
     sent = 0
@@ -394,8 +430,8 @@ async def test_a_huge_change_list_is_refused_while_streaming(servers):
 
     source.routes["/changelist.xml"] = changelist
     async with Fetcher() as fetcher:
-        access = HttpAccess(fetcher)
+        reader = HttpAccess(fetcher)
         with pytest.raises(TooManyEntries, match=r"more than 50000 entries.*section 7"):
-            await access.read(f"{source_url}/changelist.xml")
+            await reader.read(f"{source_url}/changelist.xml", stream=stream)
     await asyncio.wait_for(gone.wait(), 10)
     assert sent < 20_000_000  # 50,000 entries are ~5.5 MB; the 50 MB limit is never reached

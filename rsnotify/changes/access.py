@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import IO, TYPE_CHECKING, Protocol, cast
 from urllib.parse import unquote, urlsplit
 
 from ..errors import FetchError, TooManyEntries
@@ -26,17 +28,22 @@ from .incremental import EntryCounter
 if TYPE_CHECKING:
     from ..fetch import Fetcher, FetchStream
 
+# A streamed HTTP body stays in memory up to this size, then goes to a
+# temporary file (tempfile's directory: TMPDIR): a 15 MB Resource List part
+# is then hashed and parsed from the page cache, as from a directory Source.
+SPOOL_IN_MEMORY = 1 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
     """One read: ``body`` is the whole document, or the bytes from ``range_start`` on.
 
     ``file``: the whole document as an open file at its start, instead of
-    ``body``, when the reader asked for it (``read(..., stream=True)``) and
-    the access has the document as a file; the reader closes it
-    (:meth:`close`).  A 15 MB Resource List part is then hashed and parsed
-    from the page cache and never held (issue 23: a snapshot poll within
-    50 MB).
+    ``body``, when the reader asked for it (``read(..., stream=True)``): the
+    document's own file, or an HTTP body spooled as it arrived; the reader
+    closes it (:meth:`close`).  A 15 MB Resource List part is then hashed
+    and parsed from the page cache and never held (issue 23: a snapshot
+    poll within 50 MB).
     """
 
     url: str
@@ -77,7 +84,9 @@ class HttpAccess:
     asked only with a strong entity tag.  The body is read chunk by chunk and
     refused as soon as it holds more than ``max_entries`` entries (Z39.99
     section 7: 50,000 items per document), so a hostile ten-million-entry
-    list costs a few megabytes, not the 50 MB byte limit.
+    list costs a few megabytes, not the 50 MB byte limit.  Asked to
+    ``stream``, it spools the body (:data:`SPOOL_IN_MEMORY`) and hands back
+    the file: a snapshot poll never holds a part's bytes.
     """
 
     def __init__(
@@ -98,7 +107,7 @@ class HttpAccess:
         etag: str | None = None,
         last_modified: str | None = None,
         range_start: int | None = None,
-        stream: bool = False,  # a response is always received into ``body``
+        stream: bool = False,
     ) -> Fetched:
         try:
             async with self._fetcher.stream(
@@ -113,7 +122,12 @@ class HttpAccess:
                 result = response.result
                 if result.not_modified:
                     return Fetched(url, etag=etag, last_modified=last_modified, not_modified=True)
-                body = await self._body(url, response)
+                if stream and not result.partial:
+                    file = await self._spool(url, response)
+                    return Fetched(
+                        url, etag=result.etag, last_modified=result.last_modified, file=file
+                    )
+                body = b"".join([chunk async for chunk in self._counted(url, response)])
         except FetchError as exc:
             if range_start is not None and exc.status == 416:  # the list shrank: read it whole
                 return await self.read(url)
@@ -126,9 +140,9 @@ class HttpAccess:
             range_start=result.range_start if result.partial else None,
         )
 
-    async def _body(self, url: str, stream: FetchStream) -> bytes:
+    async def _counted(self, url: str, stream: FetchStream) -> AsyncIterator[bytes]:
+        """The body's chunks, refused as soon as they hold more than ``max_entries`` entries."""
         counter = EntryCounter()
-        parts: list[bytes] = []
         async for chunk in stream:
             if counter.feed(chunk) > self._max_entries:
                 raise TooManyEntries(
@@ -136,8 +150,19 @@ class HttpAccess:
                     "(Z39.99 section 7: at most 50,000 items per document; a larger list "
                     "is split under an index)"
                 )
-            parts.append(chunk)
-        return b"".join(parts)
+            yield chunk
+
+    async def _spool(self, url: str, stream: FetchStream) -> IO[bytes]:
+        """The body in a temporary file at its start (gone when closed)."""
+        spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
+        try:
+            async for chunk in self._counted(url, stream):
+                spool.write(chunk)
+            spool.seek(0)
+        except BaseException:
+            spool.close()
+            raise
+        return cast(IO[bytes], spool)
 
     def local_path(self, url: str) -> Path | None:
         return None

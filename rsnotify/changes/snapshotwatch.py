@@ -14,9 +14,10 @@ What a poll costs
     (a server without validators), is not parsed: a Source of a million
     resources in 20 parts that changed one part costs one parse of 50,000
     entries and that part's maps in memory, as compressed bytes and a table
-    of integers (:func:`.snapshot.compare_part`).  A part of a directory
-    Source is hashed and parsed from its open file, never held as bytes; over
-    HTTP the body is received whole.  ``bench.snapshot_diff``: 45 MB peak RSS
+    of integers (:func:`.snapshot.compare_part`).  A part is hashed and
+    parsed from a file, never held as bytes: a directory Source's own, or
+    the HTTP body spooled to a temporary file as it arrives
+    (:class:`~.access.HttpAccess`).  ``bench.snapshot_diff``: 45 MB peak RSS
     for that poll, 32 MB of it the interpreter and libraries.  Parsing runs
     in a worker thread, off the loop that serves push.
 
