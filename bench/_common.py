@@ -215,6 +215,7 @@ def machine_info() -> dict[str, Any]:
         # Other work on the machine skews every number: keep the evidence.
         "loadavg_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
+    info["cpu_probe_ms"] = cpu_probe_ms()
     info["git_head"] = _git_head()
     for dist in ("lxml", "resync", "rsnotify"):
         info[f"{dist}_version"] = _version(dist)
@@ -225,6 +226,43 @@ def machine_info() -> dict[str, Any]:
     except ImportError:
         pass
     return info
+
+
+def cpu_probe_ms(rounds: int = 5) -> float:
+    """This machine's speed now: the best of ``rounds`` runs of a fixed pure-Python loop (ms).
+
+    Every bench compares within one run, but a figure copied into a README
+    is worth the day it was measured on: this shared host's speed moves from
+    day to day (session 42: ``bench.parse`` read 64-68k entries/s where its
+    README says 145k, every process's CPU per change about doubled).  Lower
+    is faster; two result files whose probes differ by more than ~20 % were
+    not measured on the same machine, whatever its name.
+    """
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        counts: dict[int, int] = {}
+        for i in range(200_000):
+            key = i & 1023
+            counts[key] = counts.get(key, 0) + i
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
+def warn_about_machine(info: dict[str, Any], effect: str) -> None:
+    """Print the CPU probe, and a warning when other work loads the machine (``effect``)."""
+    print(
+        f"machine: CPU probe {info['cpu_probe_ms']:.1f} ms (bench._common.cpu_probe_ms: "
+        "lower is faster; compare it before comparing figures across days)",
+        flush=True,
+    )
+    load = info["loadavg_1_5_15"]
+    if load and load[0] > 0.5:
+        print(
+            f"warning: load average {load[0]:.2f} before the run: other work on this "
+            f"machine {effect}",
+            flush=True,
+        )
 
 
 def _git_head() -> str | None:

@@ -133,6 +133,7 @@ from bench._common import (
     machine_info,
     precompile,
     source_digest,
+    warn_about_machine,
     write_json,
 )
 from rsnotify import sitemap, w3cdt
@@ -1435,10 +1436,7 @@ def main(argv: list[str] | None = None) -> int:
         print("note: no degraded phase: no rate of --degraded-rates is in --rates", flush=True)
     started = time.perf_counter()
     machine = machine_info()
-    load = machine["loadavg_1_5_15"]
-    if load and load[0] > 0.5:
-        print(f"warning: load average {load[0]:.2f} before the run: other work on this "
-              "machine inflates every latency", flush=True)  # fmt: skip
+    warn_about_machine(machine, "inflates every latency")
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="rsnotify-e2e-"))
     workdir.mkdir(parents=True, exist_ok=True)
     latency: list[LatencyRun] = []

@@ -46,6 +46,7 @@ from bench._common import (
     machine_info,
     measure,
     source_digest,
+    warn_about_machine,
     write_json,
 )
 
@@ -526,13 +527,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     machine_before = machine_info()
-    load = machine_before["loadavg_1_5_15"]
-    if load and load[0] > 0.5:
-        print(
-            f"warning: load average {load[0]:.2f} before the run: other work on this "
-            "machine will slow every contender unevenly",
-            flush=True,
-        )
+    warn_about_machine(machine_before, "will slow every contender unevenly")
     print(f"generating inputs in {opts.data_dir} (reused when present) ...", flush=True)
     inputs = ensure_inputs(opts.data_dir, list_entries, parts, per_part)
     for path in (inputs.change_list, inputs.index, *inputs.lists):

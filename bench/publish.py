@@ -102,6 +102,7 @@ from bench._common import (
     format_table,
     machine_info,
     source_digest,
+    warn_about_machine,
     write_json,
 )
 
@@ -1769,13 +1770,7 @@ def main(argv: list[str] | None = None) -> int:
     opts.scenarios = {s.strip() for s in opts.scenarios.split(",") if s.strip()}
 
     machine_before = machine_info()
-    load = machine_before["loadavg_1_5_15"]
-    if load and load[0] > 0.5:
-        print(
-            f"warning: load average {load[0]:.2f} before the run: other work on this machine "
-            "skews every figure",
-            flush=True,
-        )
+    warn_about_machine(machine_before, "skews every figure")
     started = time.perf_counter()
     outcome = asyncio.run(run_bench(opts))
     throughput_runs: list[ThroughputRun] = outcome["throughput"]

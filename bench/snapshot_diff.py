@@ -64,6 +64,7 @@ from bench._common import (
     machine_info,
     measure,
     source_digest,
+    warn_about_machine,
     write_json,
 )
 from bench.parse import TARGET_SET_RSS_MB
@@ -431,13 +432,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     machine_before = machine_info()
-    load = machine_before["loadavg_1_5_15"]
-    if load and load[0] > 0.5:
-        print(
-            f"warning: load average {load[0]:.2f} before the run: other work on this "
-            "machine slows every contender unevenly",
-            flush=True,
-        )
+    warn_about_machine(machine_before, "slows every contender unevenly")
     print(f"generating inputs in {opts.data_dir} (reused when present) ...", flush=True)
     inputs = ensure_inputs(opts.data_dir, parts, per_part)
     work = opts.data_dir / f"{NAME}-work"
