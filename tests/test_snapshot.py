@@ -511,6 +511,20 @@ def test_a_list_grown_into_an_index_at_its_url_is_compared_with_the_list(
     assert [(d.changed, d.added, d.removed) for d in diffs] == [([], [], {})]
 
 
+def test_an_index_shrunk_into_a_list_at_its_url_still_finds_deletions(tmp_path: Path) -> None:
+    """The other way: an index of two parts becomes one plain Resource List at the same
+    URL, one resource gone on the way: the parts' maps still tell the deletion."""
+    source = _index_source(tmp_path, "abcd", parts=2)
+    index_url = source.list_url
+    watcher = _watcher(source, DirectoryAccess(source.root), tmp_path / "maps", Checkpoint())
+    _poll_and_commit(watcher)
+    source.delete("c")
+    source.at += timedelta(minutes=1)
+    shrunk = source._list(sorted(source.resources))  # a plain list, written at the index's URL
+    (source.root / index_url.rsplit("/", 1)[1]).write_bytes(shrunk)
+    assert _changes(_poll_and_commit(watcher)) == [("c", ChangeType.DELETED)]
+
+
 def test_a_half_consumed_diff_resumes_exactly_after_a_restart(tmp_path: Path) -> None:
     source, access, watcher = _recorded(tmp_path)
     for n in "bcdef":

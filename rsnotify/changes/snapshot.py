@@ -428,9 +428,12 @@ class Comparison:
 
     def finish(self) -> None:
         """The old maps' locs that no new part listed go into the diff as removed."""
-        gone = self._table.gone()
-        self._table = _LocTable()
-        if gone and self._diff is not None:  # only in the old maps: stream them once more
+        table, self._table = self._table, _LocTable()
+        if self._diff is None or not self._olds:
+            return  # nothing recorded before: nothing can be gone
+        gone = table.gone()
+        del table
+        if gone:  # only in the old maps: stream them once more
             removed = self._diff.removed
             for n, (loc, fp_hex) in enumerate(_chain(self._olds)):
                 if n in gone:

@@ -432,8 +432,10 @@ class SnapshotWatcher:
                     part_urls, declared = result.parts, result.declared
                 else:
                     state.parts[url] = await self._store(url, parsed, digest, result)
-        named = set(part_urls)
-        orphans = [p for u, p in before.parts.items() if u not in named] if state.index else []
+        # The parts before that the snapshot no longer names (an index's parts
+        # when it is now a plain list, the list itself when it is now an index).
+        named = set(part_urls) if state.index else set(state.parts)
+        orphans = [p for u, p in before.parts.items() if u not in named]
         renamed: Comparison | None = None
         if diff is not None and orphans and any(u not in before.parts for u in part_urls):
             # Parts gone and parts new: a re-sharded index (or a list grown into
