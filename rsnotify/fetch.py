@@ -55,7 +55,7 @@ import functools
 import logging
 import re
 from collections.abc import AsyncIterator, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from urllib.parse import urljoin
 
@@ -188,7 +188,7 @@ class FetchResult:
     """One HTTP response, fully read (``get``) or described before streaming.
 
     ``headers`` has lower-cased names; repeated headers are joined with ", " as
-    HTTP allows, and ``links`` holds every ``Link`` header parsed, with targets
+    HTTP allows, and ``links`` gives every ``Link`` header parsed, with targets
     resolved against ``final_url``.  ``etag``/``last_modified`` are the values
     to send next time: ``last_modified`` is None when the response's date
     makes it weak (:func:`rsnotify.validators.strong_last_modified`; the raw
@@ -201,7 +201,7 @@ class FetchResult:
     final_url: str
     status: int
     headers: dict[str, str]
-    links: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    link_values: tuple[str, ...] = ()  # each Link header as received
     body: bytes = b""
     etag: str | None = None
     last_modified: str | None = None
@@ -213,6 +213,20 @@ class FetchResult:
     def content_type(self) -> str:
         """The media type without parameters, lower-cased ("" when absent)."""
         return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+    @property
+    def links(self) -> list[tuple[str, dict[str, str]]]:
+        """Every ``Link`` header parsed, targets resolved against ``final_url``.
+
+        Parsed when asked, not per response: a Destination fetches thousands
+        of resources a second, each often with a ``Link`` to its Capability
+        List (Z39.99 section 12), and nobody reads those (9 us a response).
+        """
+        return [
+            (urljoin(self.final_url, target), params)
+            for value in self.link_values
+            for target, params in parse_link_header(value)
+        ]
 
     def links_with_rel(self, rel: str) -> list[str]:
         """Targets of the ``Link`` headers whose ``rel`` includes ``rel``."""
@@ -713,11 +727,6 @@ class Fetcher:
             key = name.lower()
             if key not in headers:
                 headers[key] = ", ".join(response.headers.getall(name))
-        links = [
-            (urljoin(final_url, target), params)
-            for value in response.headers.getall("Link", [])
-            for target, params in parse_link_header(value)
-        ]
         partial = status == 206
         start: int | None = None
         if partial:
@@ -738,7 +747,7 @@ class Fetcher:
             final_url=final_url,
             status=status,
             headers=headers,
-            links=links,
+            link_values=tuple(response.headers.getall("Link", ())),
             etag=headers.get("etag") or (etag if not_modified else None),
             last_modified=modified or (last_modified if not_modified else None),
             not_modified=not_modified,
