@@ -175,6 +175,7 @@ _FP_MASK = (1 << 64) - 1
 _ORDINAL_MASK = (1 << 32) - 1
 _OLD_BIT, _NEW_BIT = 1 << 96, 1 << 97  # listed by the old map, by the new entries
 _OLD_MASK = (1 << 97) - 1  # what the old map said: its bit, the ordinal, the fingerprint
+_MARK_BITS = ~_OLD_MASK  # what the new parts said: the new bit and which part listed it last
 _GENERATION_SHIFT = 98  # above the flags: which new part listed the loc last
 # What _LocTable.see answers: the loc was not in the old map, was with the same
 # fingerprint, was with another; plus _AGAIN when the new entries listed it already.
@@ -202,19 +203,18 @@ class _LocTable:
         for n, (loc, fp_hex) in enumerate(records):
             slots[_key(loc)] = _OLD_BIT | n << 64 | int(fp_hex, 16)
 
-    def see(self, loc: bytes, fp: bytes, generation: int = 1) -> int:
-        """A new entry of part ``generation``: what the old map said of its loc
-        (``_ADDED``... ``| _AGAIN`` when this part listed it already)."""
+    def see(self, loc: bytes, fp: bytes, mark: int = _NEW_BIT | 1 << _GENERATION_SHIFT) -> int:
+        """A new entry of the part ``mark`` names (the new bit, and the part's number
+        above ``_GENERATION_SHIFT``): what the old map said of its loc (``_ADDED``...
+        ``| _AGAIN`` when this part listed it already)."""
         key = _key(loc)
         slots = self.slots
         value = slots.get(key)
-        mark = _NEW_BIT | generation << _GENERATION_SHIFT
         if value is None:
             slots[key] = mark
             return _ADDED
         slots[key] = value & _OLD_MASK | mark
-        again = value & _NEW_BIT and value >> _GENERATION_SHIFT == generation
-        answer = _AGAIN if again else _ADDED
+        answer = _AGAIN if value & _MARK_BITS == mark else _ADDED
         if value & _OLD_BIT:
             answer |= _SAME if value & _FP_MASK == int.from_bytes(fp) else _CHANGED
         return answer
@@ -394,13 +394,13 @@ class Comparison:
         self._table = _LocTable()
         self._parts = 0
         if self._olds:
-            self._table.load(_chain(self._olds))
+            self._table.load(_chain(self._olds) if len(self._olds) > 1 else _records(olds[0]))
 
     def part(self, entries: Iterable[Entry]) -> tuple[bytes, int]:
         """One new part's entries: its new map and count; what changed goes into the diff."""
-        diff, table = self._diff, self._table
+        diff, see = self._diff, self._table.see
         self._parts += 1
-        generation = self._parts
+        mark = _NEW_BIT | self._parts << _GENERATION_SHIFT
         writer = MapWriter()
         count = 0
         # By loc, so that a loc listed again replaces what its earlier listing decided.
@@ -410,7 +410,7 @@ class Comparison:
             fp = fingerprint(entry)
             loc = entry.loc.encode()
             writer.add(loc, fp)
-            answer = table.see(loc, fp, generation)  # against the OLD maps, for every listing
+            answer = see(loc, fp, mark)  # against the OLD maps, for every listing
             if answer & _AGAIN:
                 changed.pop(entry.loc, None)
                 added.pop(entry.loc, None)
