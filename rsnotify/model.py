@@ -60,6 +60,12 @@ EXTENSION_CAPABILITIES = frozenset(
 )
 KNOWN_CAPABILITIES = frozenset({c.value for c in Capability}) | EXTENSION_CAPABILITIES
 
+#: The ``rs:ln rel`` of rsnotify's MQTT and WebSocket channels in a Capability
+#: List: an extension relation type (RFC 8288 section 2.1.2), which a Destination
+#: following the standard ignores.  :mod:`rsnotify.discovery` reads it; the
+#: publisher's advertisement and the simulator write it.
+CHANNEL_REL = "urn:x-rsnotify:channel"
+
 
 class ChangeType(StrEnum):
     """Values of ``rs:md change`` (section 7)."""

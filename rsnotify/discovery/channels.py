@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..model import CapabilityList, Document, Link
+from ..model import CHANNEL_REL, CapabilityList, Document, Link
 
 __all__ = [
     "CHANNEL_REL",
@@ -32,8 +32,6 @@ __all__ = [
     "websub_channels",
 ]
 
-#: rsnotify's MQTT/WebSocket channels in a Capability List (an extension relation type).
-CHANNEL_REL = "urn:x-rsnotify:channel"
 NOTIFICATION_CAPABILITIES = ("change-notification", "changelist-notification")
 FRAMEWORK_CAPABILITIES = ("framework-notification",)
 PUSH_SCHEMES = ("mqtt", "mqtts", "ws", "wss")

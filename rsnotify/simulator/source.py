@@ -75,8 +75,19 @@ from urllib.parse import urlsplit
 
 from .. import w3cdt
 from ..collection import collection_id
+from ..envelope import FRAMEWORK_CAPABILITY, NOTIFICATION_CAPABILITY
 from ..errors import SimulatorError as SimulatorError  # re-exported: its old home
-from ..model import Capability, ChangeType, Document, Entry, Link, Root, make_document
+from ..framework import TOPIC_SUFFIX as FRAMEWORK_TOPIC_SUFFIX  # rsnotify's hub: <topic>/framework
+from ..model import (
+    CHANNEL_REL,
+    Capability,
+    ChangeType,
+    Document,
+    Entry,
+    Link,
+    Root,
+    make_document,
+)
 from . import payload
 from .payload import Fixity
 
@@ -234,12 +245,6 @@ class Change:
     datetime: datetime
     version: int
     fixity: Fixity | None
-
-
-CHANGE_NOTIFICATION = "change-notification"
-FRAMEWORK_NOTIFICATION = "framework-notification"
-FRAMEWORK_TOPIC_SUFFIX = "/framework"  # rsnotify's hub: <topic>/framework (rsnotify.framework)
-CHANNEL_REL = "urn:x-rsnotify:channel"
 
 
 def hub_root(template: str) -> str:
@@ -634,8 +639,8 @@ class Source:
             href = template.replace("{collection}", collection.name).replace("{id}", cid)
             if urlsplit(href).scheme in ("http", "https"):
                 channels = (
-                    (href, CHANGE_NOTIFICATION),
-                    (href.rstrip("/") + FRAMEWORK_TOPIC_SUFFIX, FRAMEWORK_NOTIFICATION),
+                    (href, NOTIFICATION_CAPABILITY),
+                    (href.rstrip("/") + FRAMEWORK_TOPIC_SUFFIX, FRAMEWORK_CAPABILITY),
                 )
                 entries += [
                     Entry(
