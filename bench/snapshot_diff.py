@@ -236,27 +236,18 @@ def _link_tree(source: Path, target: Path) -> None:
         os.link(path, target / path.name)
 
 
-def _renamed_site(site: Path, target: Path, parts: int) -> None:
-    """``site`` after its change, every part renamed (a re-sharded index, parts named by date).
-
-    The same part files under new names (hard links) and an index naming them.
-    """
+def _copy_site(
+    site: Path, target: Path, parts: int, *, prefix: str = "resourcelist", base: str = BASE_URL
+) -> None:
+    """``site`` after its change, its parts (hard links) named ``prefix`` and an index
+    naming them at ``base``: every part renamed (a re-sharded index, parts named by
+    date), or the same site for a web server at ``base``."""
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
     for n in range(parts):
-        os.link(site / _part_name(n), target / _part_name(n, RENAMED))
-    _write(_index(parts, AT_AFTER, AT_AFTER, RENAMED), target / INDEX)
-
-
-def _http_site(site: Path, target: Path, parts: int, base: str) -> None:
-    """``site`` after its change, for a web server at ``base``: its index names ``base``'s parts."""
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-    for n in range(parts):
-        os.link(site / _part_name(n), target / _part_name(n))
-    _write(_index(parts, AT_AFTER, AT_AFTER, base=base), target / INDEX)
+        os.link(site / _part_name(n), target / _part_name(n, prefix))
+    _write(_index(parts, AT_AFTER, AT_AFTER, prefix, base), target / INDEX)
 
 
 def _apply_change(inputs: Path, site: Path) -> None:
@@ -484,8 +475,8 @@ def _runs(
                 shutil.rmtree(recorded, ignore_errors=True)
                 shutil.copytree(state, recorded)
                 _apply_change(inputs, site)
-                _renamed_site(site, renamed, parts)
-                _http_site(site, served, parts, nginx.url)
+                _copy_site(site, renamed, parts, prefix=RENAMED)
+                _copy_site(site, served, parts, base=nginx.url)
                 for path in site.iterdir():
                     path.read_bytes()
             else:

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from rsnotify import sitemap, w3cdt
 from rsnotify.collection import collection_id
-from rsnotify.model import Capability, ChangeType, Entry, Root, make_document
+from rsnotify.model import Capability, ChangeType, Entry, Link, Root, make_document
 from rsnotify.subscriber.mirror import TEMP_PREFIX, path_for
 from tests.devstack import free_port
 
@@ -42,6 +42,7 @@ class Source:
         self.gates: dict[str, asyncio.Event] = {}
         self.initial: dict[str, bytes] = {}  # the Resource List's snapshot at self.at
         self.at = w3cdt.now() - timedelta(minutes=5)
+        self.capability_links: list[Link] = []  # document-level rs:ln of the Capability List
         self._runner: web.AppRunner | None = None
 
     def url(self, path: str) -> str:
@@ -90,6 +91,7 @@ class Source:
         capabilities = make_document(
             Root.URLSET,
             Capability.CAPABILITYLIST,
+            links=list(self.capability_links),
             entries=[
                 Entry(loc=self.url("resourcelist.xml"), capability=Capability.RESOURCELIST),
                 Entry(loc=self.changelist, capability=Capability.CHANGELIST),

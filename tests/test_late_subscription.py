@@ -202,6 +202,11 @@ class TwoCollections(Source):
         super().__init__()
         self.channel = channel  # collection id -> the advertised channel URL
 
+    async def start(self, files: dict[str, bytes]) -> str:
+        base = await super().start(files)  # the collection id needs the base URL
+        self.capability_links = [Link(rel=CHANNEL_REL, href=self.channel(self.collection))]
+        return base
+
     def _documents(self) -> dict[str, bytes]:
         documents = super()._documents()
         second = self.url("quiet/capabilitylist.xml")
@@ -212,17 +217,6 @@ class TwoCollections(Source):
                 entries=[
                     Entry(loc=self.capability_list, capability=Capability.CAPABILITYLIST),
                     Entry(loc=second, capability=Capability.CAPABILITYLIST),
-                ],
-            )
-        )
-        documents["/capabilitylist.xml"] = sitemap.serialize(
-            make_document(
-                Root.URLSET,
-                Capability.CAPABILITYLIST,
-                links=[Link(rel=CHANNEL_REL, href=self.channel(self.collection))],
-                entries=[
-                    Entry(loc=self.url("resourcelist.xml"), capability=Capability.RESOURCELIST),
-                    Entry(loc=self.changelist, capability=Capability.CHANGELIST),
                 ],
             )
         )
