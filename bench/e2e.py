@@ -1,6 +1,6 @@
 """End to end: change-to-applied latency against a polling anchor, and catch-up time.
 
-(Why one module of ~1,500 lines: it is one experiment -- the scenarios, the
+(Why one module of ~1,650 lines: it is one experiment -- the scenarios, the
 ground truth they are judged by, the targets and the table -- and reads as
 its method, top to bottom; what other benches share lives in
 ``bench/_common.py`` and ``bench/loopfs.py``, the processes in
@@ -87,6 +87,15 @@ change a row) and ``spare_inodes`` for the latency runs' simulator.  Each row
 names its filesystem (``fs``: label read from the kernel, see
 :func:`bench.loopfs.describe`) and ``spare``; targets are judged per variant.
 
+**Who serves the Source, and a stall.**  ``--source-servers`` (default
+``simulator``) names what answers the latency runs' HTTP: the simulator's
+own server, or ``nginx`` serving its ``--dir`` copy (the documents' URLs
+point there; the simulator is still paused, resumed and read for the ground
+truth at its own address, :class:`SourceUrls`): a latency row each.
+``--stall S`` stops the push subscriber S seconds a third into its window
+and reports how long after the resume it was back to its pace
+(:meth:`PhaseWindow.recovery_s`).
+
 Run ``.venv/bin/python -m bench.e2e`` (``--quick`` for a smoke run,
 ``--repeat N`` to run everything N times, round-robin).  It prints tables and
 PASS/FAIL against the issue's targets and writes ``bench/results/e2e.json``;
@@ -139,7 +148,7 @@ from bench._common import (
 from rsnotify import sitemap, w3cdt
 from rsnotify.collection import collection_id
 from rsnotify.subscriber.pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
-from tests.devstack import HOST, ManagedProcess, Mosquitto, Redis, free_port, wait_for
+from tests.devstack import HOST, ManagedProcess, Mosquitto, Nginx, Redis, free_port, wait_for
 
 NAME = "e2e"
 RESYNC_SYNC = str(Path(sys.executable).with_name("resync-sync"))
@@ -254,12 +263,21 @@ class Change:
     datetime_us: int
 
 
-def read_changes(base: str, since_us: int, until_us: int) -> list[Change]:
+def read_changes(
+    base: str, since_us: int, until_us: int, *, served_at: str | None = None
+) -> list[Change]:
     """Every change of the Source with ``since_us <= datetime <= until_us``: the ground truth.
 
-    Read from the Source itself (index, then each list that may overlap),
-    so nothing the Source published in the window is left out.
+    Read from the simulator itself (index, then each list that may overlap),
+    so nothing the Source published in the window is left out.  When another
+    server serves its ``--dir`` copy, the documents' URLs start with that
+    server's ``served_at``: the lists are still read from ``base``, the
+    simulator (the copy is up to a flush interval behind).
     """
+
+    def here(url: str) -> str:
+        return base + url.removeprefix(served_at) if served_at else url
+
     index = sitemap.parse(_http(f"{base}{COLLECTION}/changelist.xml"))
     out: list[Change] = []
     for ref in index.entries:
@@ -267,7 +285,7 @@ def read_changes(base: str, since_us: int, until_us: int) -> list[Change]:
             continue
         if ref.from_ is not None and _us(ref.from_) > until_us:
             continue
-        for entry in sitemap.parse(_http(ref.loc)).entries:
+        for entry in sitemap.parse(_http(here(ref.loc))).entries:
             when = entry.change_time
             if when is None or entry.change is None:
                 continue
@@ -559,6 +577,7 @@ class LatencyRun:
     run: int
     fs: str  # the filesystem everything of the scenario was written to (loopfs.describe)
     spare: bool  # --spare-inodes for the subscribers and the simulator's --dir writer
+    server: str  # what served the Source over HTTP: "simulator" or "nginx" (its --dir copy)
     window_s: float
     changes: int
     rate_achieved: float
@@ -570,6 +589,8 @@ class LatencyRun:
     # p99 of each 10 s slice of the window, to see whether the lag grows or holds.
     worst_lag_ms: float | None
     push_p99_by_slice_ms: list[float | None]
+    stall_s: float  # --stall: the subscriber stopped this long a third into the push window
+    stall_recovery_s: float | None  # then back to its pace after this long (None: not in window)
     detect_ms: dict[str, Any]
     deliver_apply_ms: dict[str, Any]
     metrics_share_le_50ms: float | None
@@ -691,6 +712,41 @@ class PhaseWindow:
     cpu_pct: dict[str, float]  # per process over the window (100 = one core)
     metrics_text: str  # the subscriber's /metrics at the end
     waited_until: float  # when the bench stopped waiting for the window's changes
+    stall: tuple[float, float] | None = None  # --stall: when the subscriber was stopped, resumed
+
+    def recovery_s(self) -> float | None:
+        """``--stall``: seconds from the resume until the subscriber was back to its pace.
+
+        Back to its pace: from that whole second after the resume on, no
+        change made in any second of the window waited more than twice the
+        p99 of the changes made before the stall, plus 10 ms (a change never
+        applied waited forever).  None without a stall, and when the window
+        ended before that (not recovered).
+        """
+        if self.stall is None:
+            return None
+        stopped, resumed = self.stall
+        stopped_us, resumed_us = round(stopped * 1e6), round(resumed * 1e6)
+        before = [
+            when - change.datetime_us
+            for change, when in self.reached
+            if change.datetime_us < stopped_us
+        ]
+        p99 = percentiles(_ms(before))["p99"]
+        if p99 is None:
+            return None
+        bound_us = (2 * p99 + 10.0) * 1000
+        waits = {id(change): when - change.datetime_us for change, when in self.reached}
+        seconds = max(1, math.ceil(self.end - resumed))
+        worst = [0.0] * seconds
+        for change in self.changes:
+            if change.datetime_us >= resumed_us:
+                k = min(seconds - 1, (change.datetime_us - resumed_us) // 1_000_000)
+                worst[k] = max(worst[k], waits.get(id(change), math.inf))
+        recovered = seconds
+        while recovered > 0 and worst[recovered - 1] <= bound_us:
+            recovered -= 1
+        return None if recovered == seconds else float(recovered)
 
     @property
     def latency_ms(self) -> dict[str, Any]:
@@ -731,10 +787,26 @@ class PhaseWindow:
         return [percentiles(_ms(s))["p99"] if s else None for s in slices]
 
 
+@dataclass(frozen=True, slots=True)
+class SourceUrls:
+    """Where a latency run's Source is read (``base``) and controlled (``control``).
+
+    The same URL when the simulator serves; with ``--source-servers nginx``,
+    nginx's (the URLs inside the documents) and the simulator's.
+    """
+
+    base: str
+    control: str
+
+    def changes(self, since_us: int, until_us: int) -> list[Change]:
+        served_at = None if self.base == self.control else self.base
+        return read_changes(self.control, since_us, until_us, served_at=served_at)
+
+
 def _subscriber_phase(
     space: Workspace,
     name: str,
-    base: str,
+    source: SourceUrls,
     cid: str,
     opts: argparse.Namespace,
     *,
@@ -743,6 +815,7 @@ def _subscriber_phase(
     spare: bool,
     steady: Callable[[ManagedProcess, str], None] | None = None,
     processes: dict[str, int],
+    stall: float = 0.0,
 ) -> PhaseWindow:
     """One ``rsnotify subscribe --via VIA`` (fresh mirror and state) measured over ``window`` s.
 
@@ -752,14 +825,15 @@ def _subscriber_phase(
     against a Source that already changes fast catches up first (see the
     README), and this bench measures the steady state, not start-up.
     ``processes`` (name -> pid) are the other processes whose CPU the window
-    counts.
+    counts.  ``stall`` > 0: the subscriber is stopped (``SIGSTOP``) that many
+    seconds, a third into the window, then resumed (:meth:`PhaseWindow.recovery_s`).
     """
     root = space.root
-    _http(f"{base}_simulator/pause", "POST")
+    _http(f"{source.control}_simulator/pause", "POST")
     state = root / f"{name}-state"
     subscriber = space.rsnotify(
         name,
-        "subscribe", base,
+        "subscribe", source.base,
         "--into", str(root / f"{name}-mirror"),
         "--state", str(state),
         "--via", via,
@@ -774,18 +848,28 @@ def _subscriber_phase(
     subscriber.wait_for_line(rf"{re.escape(cid)}: live", timeout=120)
     if steady is not None:
         steady(subscriber, metrics_url)
-    _http(f"{base}_simulator/resume", "POST")
+    _http(f"{source.control}_simulator/resume", "POST")
     time.sleep(opts.warmup)  # settle into the steady state before the window opens
     pids = {**processes, "subscriber": subscriber.pid}
     cpu_before = {process: _cpu_seconds(pid) for process, pid in pids.items()}
     start = time.time()
-    time.sleep(window)  # the measured window
+    stalled: tuple[float, float] | None = None
+    if stall > 0:
+        time.sleep(window / 3)
+        os.kill(subscriber.pid, signal.SIGSTOP)
+        stopped = time.time()
+        try:
+            time.sleep(stall)
+        finally:
+            os.kill(subscriber.pid, signal.SIGCONT)
+        stalled = (stopped, time.time())
+    time.sleep(max(0.0, start + window - time.time()))  # the measured window
     end = time.time()
     cpu = {
         process: 100 * (_cpu_seconds(pid) - cpu_before[process]) / (end - start)
         for process, pid in pids.items()
     }
-    changes = read_changes(base, round(start * 1e6), round(end * 1e6))
+    changes = source.changes(round(start * 1e6), round(end * 1e6))
     db = state / "resources.sqlite3"
     pending = list(changes)
 
@@ -815,6 +899,7 @@ def _subscriber_phase(
         cpu_pct=cpu,
         metrics_text=metrics_text,
         waited_until=waited_until,
+        stall=stalled,
     )
 
 
@@ -862,10 +947,14 @@ def _metric_sum(text: str, metric: str, **labels: str) -> float:
     )
 
 
-def latency_run(rate: float, run: int, variant: Variant, opts: argparse.Namespace) -> LatencyRun:
-    space = Workspace(variant.root(f"latency-{rate:g}-{run}"), opts.keep, variant.keep_into)
+def latency_run(
+    rate: float, run: int, variant: Variant, server: str, opts: argparse.Namespace
+) -> LatencyRun:
+    space = Workspace(
+        variant.root(f"latency-{rate:g}-{run}-{server}"), opts.keep, variant.keep_into
+    )
     try:
-        result = _latency_run(space, rate, run, variant, opts)
+        result = _latency_run(space, rate, run, variant, server, opts)
     finally:
         space.close()
     result.disk_used_mb = None if space.used_bytes is None else space.used_bytes / 1e6
@@ -873,7 +962,12 @@ def latency_run(rate: float, run: int, variant: Variant, opts: argparse.Namespac
 
 
 def _latency_run(
-    space: Workspace, rate: float, run: int, variant: Variant, opts: argparse.Namespace
+    space: Workspace,
+    rate: float,
+    run: int,
+    variant: Variant,
+    server: str,
+    opts: argparse.Namespace,
 ) -> LatencyRun:
     root = space.root
     load_before = list(os.getloadavg())
@@ -883,7 +977,11 @@ def _latency_run(
     broker = Mosquitto(root / "mosquitto", max_queued_messages=100_000)
     space.stack.callback(broker.stop)
     broker.start()
-    simulator, base = space.simulator(
+    # --source-servers nginx: a stock web server serves the simulator's --dir copy
+    # (documents and resources), as most Sources are served; the simulator only
+    # changes and writes, and is still asked to pause and resume (control).
+    nginx = Nginx(root / "nginx", root / "site") if server == "nginx" else None
+    simulator, control = space.simulator(
         "simulate",
         rate=rate,
         resources=opts.resources,
@@ -900,8 +998,18 @@ def _latency_run(
         resourcelist_max_age=RESOURCELIST_MAX_AGE,
         paused=True,  # resumed once the subscriber is live: see _subscriber_phase
         spare_inodes=variant.spare,
+        base_url=None if nginx is None else f"{nginx.url}/",
     )
+    others = {"simulator": simulator.pid}
+    if nginx is None:
+        base = control
+    else:
+        space.stack.callback(nginx.stop)
+        nginx.start()
+        base = f"{nginx.url}/"
+        others["nginx"] = nginx.process.pid if nginx.process else 0
     cid = collection_id(f"{base}{COLLECTION}/capabilitylist.xml")
+    source = SourceUrls(base, control)
 
     # -- phase 1: push --------------------------------------------------------------
     publisher = space.rsnotify(
@@ -916,13 +1024,14 @@ def _latency_run(
     )  # fmt: skip
     publisher.wait_for_line(r"rsnotify publish: running", timeout=60)
     push = _subscriber_phase(
-        space, "subscribe", base, cid, opts,
+        space, "subscribe", source, cid, opts,
         via=broker.url,
         # The lag target wants a minute at 1,000/s (issue 21): long enough to see it grow.
         window=max(opts.duration, opts.lag_duration) if rate >= 1000 else opts.duration,
         spare=variant.spare,
+        stall=opts.stall,
         processes={
-            "simulator": simulator.pid,
+            **others,
             "publisher": publisher.pid,
             "mosquitto": broker.process.pid if broker.process else 0,
             "redis": redis.process.pid if redis.process else 0,
@@ -942,12 +1051,12 @@ def _latency_run(
     degraded: PhaseWindow | None = None
     if rate in opts.degraded_rates:
         degraded = _subscriber_phase(
-            space, "subscribe-degraded", base, cid, opts,
+            space, "subscribe-degraded", source, cid, opts,
             via=f"mqtt://{HOST}:{free_port()}",  # nothing listens there
             window=degraded_window(opts.duration),
             spare=variant.spare,
             steady=functools.partial(_degraded_steady, cid),
-            processes={"simulator": simulator.pid},
+            processes=others,
         )  # fmt: skip
 
     # -- phase 3: the polling anchor, same Source ----------------------------------------
@@ -956,7 +1065,7 @@ def _latency_run(
     a_start = a_started + opts.warmup
     a_end = a_start + opts.duration
     anchor.run(a_started, a_end, round(a_end * 1e6), limit=a_end + 120)
-    a_changes = read_changes(base, round(a_start * 1e6), round(a_end * 1e6))
+    a_changes = source.changes(round(a_start * 1e6), round(a_end * 1e6))
     anchor_us = []
     for change in a_changes:
         when = anchor.reached(change)
@@ -977,6 +1086,7 @@ def _latency_run(
         run=run,
         fs=variant.fs,
         spare=variant.spare,
+        server=server,
         window_s=window,
         changes=len(push.changes),
         rate_achieved=len(push.changes) / window,
@@ -985,6 +1095,8 @@ def _latency_run(
         push_outcomes=push.outcomes,
         worst_lag_ms=push.worst_lag_ms,
         push_p99_by_slice_ms=push.p99_by_slice_ms(LAG_SLICE_S),
+        stall_s=opts.stall,
+        stall_recovery_s=push.recovery_s(),
         detect_ms=percentiles(_ms(detect_us)),
         deliver_apply_ms=percentiles(_ms(rest_us)),
         metrics_share_le_50ms=_share_at_most(e2e_buckets, 0.05),
@@ -1164,9 +1276,14 @@ def _median(values: Iterable[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def _variants_of(runs: Iterable[LatencyRun | CatchupRun]) -> list[tuple[str, bool]]:
-    """The (filesystem, spare) pairs of ``runs``, in the order they first ran."""
-    return list(dict.fromkeys((r.fs, r.spare) for r in runs))
+def _variants_of(runs: Iterable[LatencyRun | CatchupRun]) -> list[tuple[str, bool, str]]:
+    """The (filesystem, spare, server) of ``runs``, in the order they first ran (the
+    catch-up runs' Source is always the simulator)."""
+    return list(dict.fromkeys((r.fs, r.spare, _server(r)) for r in runs))
+
+
+def _server(run: LatencyRun | CatchupRun) -> str:
+    return run.server if isinstance(run, LatencyRun) else "simulator"
 
 
 def summarize(
@@ -1175,10 +1292,10 @@ def summarize(
     """PASS/FAIL per target and per (filesystem, spare) row kind, on the median over
     repeated runs."""
     verdicts: list[dict[str, Any]] = []
-    for fs, spare in _variants_of([*latency, *catchup]):
-        where = {"fs": fs, "spare": spare}
-        tag = f" [{fs}, spare {'on' if spare else 'off'}]"
-        mine = [r for r in latency if (r.fs, r.spare) == (fs, spare)]
+    for fs, spare, server in _variants_of([*latency, *catchup]):
+        where = {"fs": fs, "spare": spare, "server": server}
+        tag = f" [{fs}, spare {'on' if spare else 'off'}, served by {server}]"
+        mine = [r for r in latency if (r.fs, r.spare, r.server) == (fs, spare, server)]
         at_200 = [r for r in mine if r.rate_target == 200]
         if at_200:
             value = _median(r.push_ms["p99"] for r in at_200)
@@ -1223,7 +1340,11 @@ def summarize(
                 }
             )
         for mode, key in CATCHUP_TARGETS:
-            runs = [r for r in catchup if r.mode == mode and (r.fs, r.spare) == (fs, spare)]
+            runs = [
+                r
+                for r in catchup
+                if r.mode == mode and (r.fs, r.spare, "simulator") == (fs, spare, server)
+            ]
             if not runs:
                 continue
             value = _median(r.wall_s for r in runs)
@@ -1245,17 +1366,23 @@ def _on(flag: bool) -> str:
     return "on" if flag else "off"
 
 
+def _recovery(run: LatencyRun) -> float | str:
+    if not run.stall_s:
+        return "-"
+    return "no" if run.stall_recovery_s is None else run.stall_recovery_s
+
+
 def print_tables(latency: list[LatencyRun], catchup: list[CatchupRun]) -> None:
     if latency:
         headers = [
-            "rate/s", "fs", "spare", "run", "got/s", "changes",
+            "rate/s", "fs", "spare", "served by", "run", "got/s", "changes",
             "push p50", "p90", "p99", "max", "miss", "detect p50", "deliv+apply p50",
             "degr p50", "p90", "p99", "miss",
             "poll p50", "p90", "p99", "miss", "x p50",
         ]  # fmt: skip
         rows = [
             [
-                r.rate_target, r.fs, _on(r.spare), r.run, r.rate_achieved, r.changes,
+                r.rate_target, r.fs, _on(r.spare), r.server, r.run, r.rate_achieved, r.changes,
                 r.push_ms["p50"], r.push_ms["p90"], r.push_ms["p99"], r.push_ms["max"],
                 r.push_missing, r.detect_ms["p50"], r.deliver_apply_ms["p50"],
                 *[(r.degraded_ms or {}).get(q) for q in ("p50", "p90", "p99")],
@@ -1274,16 +1401,17 @@ def print_tables(latency: list[LatencyRun], catchup: list[CatchupRun]) -> None:
         )
         print(format_table(headers, rows))
         headers = [
-            "rate/s", "fs", "spare", "run",
-            "sim CPU%", "pub CPU%", "sub CPU%", "mqtt CPU%", "redis CPU%",
+            "rate/s", "fs", "spare", "served by", "run",
+            "sim CPU%", "nginx CPU%", "pub CPU%", "sub CPU%", "mqtt CPU%", "redis CPU%",
             "pub ms/chg", "sub ms/chg", "superseded", "<=50ms (/metrics)", "poll passes",
             "pass s p50", "degr window s", "degr sub CPU%", "degr polling", "disk MB",
-            "worst lag ms", "p99 per 10 s", "load",
+            "worst lag ms", "p99 per 10 s", "stall s", "recovered s", "load",
         ]  # fmt: skip
         rows = [
             [
-                r.rate_target, r.fs, _on(r.spare), r.run,
-                r.cpu_pct["simulator"], r.cpu_pct["publisher"], r.cpu_pct["subscriber"],
+                r.rate_target, r.fs, _on(r.spare), r.server, r.run,
+                r.cpu_pct["simulator"], r.cpu_pct.get("nginx"),
+                r.cpu_pct["publisher"], r.cpu_pct["subscriber"],
                 r.cpu_pct["mosquitto"], r.cpu_pct["redis"],
                 r.cpu_ms_per_change["publisher"], r.cpu_ms_per_change["subscriber"],
                 r.push_outcomes.get("superseded", 0), r.metrics_share_le_50ms,
@@ -1291,6 +1419,7 @@ def print_tables(latency: list[LatencyRun], catchup: list[CatchupRun]) -> None:
                 r.degraded_cpu_pct.get("subscriber"), r.degraded_polling, r.disk_used_mb,
                 r.worst_lag_ms,
                 "/".join("-" if p is None else f"{p:.0f}" for p in r.push_p99_by_slice_ms),
+                r.stall_s or None, _recovery(r),
                 r.loadavg_before[0],
             ]
             for r in latency
@@ -1326,10 +1455,11 @@ def _run_all(
     for run in range(1, opts.repeat + 1):
         if not opts.skip_latency:
             for rate in rates:
-                for v in variants:
+                for v, server in ((v, s) for v in variants for s in opts.source_servers):
                     print(f"latency: {rate:g} changes/s, {v.fs}, spare {_on(v.spare)}, "
-                          f"run {run}/{opts.repeat} ...", flush=True)  # fmt: skip
-                    result = latency_run(rate, run, v, opts)
+                          f"served by {server}, run {run}/{opts.repeat} ...",
+                          flush=True)  # fmt: skip
+                    result = latency_run(rate, run, v, server, opts)
                     latency.append(result)
                     degraded = result.degraded_ms or {}
                     print(
@@ -1409,6 +1539,24 @@ def main(argv: list[str] | None = None) -> int:
         help="--spare-inodes for the subscribers and the simulator's --dir writer: off (the "
         "default, as rsnotify's), on, or both (a row of each)",
     )
+    ap.add_argument(
+        "--source-servers",
+        default="simulator",
+        help="comma-separated, a latency row each: 'simulator' (its own aiohttp server "
+        "serves the Source) and 'nginx' (a private nginx serves the simulator's --dir copy, "
+        "documents and resources, as most Sources are served; the simulator only changes "
+        "and writes it); default %(default)s",
+    )
+    ap.add_argument(
+        "--stall",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="stop the push subscriber (SIGSTOP) S seconds a third into its window, then "
+        "resume it, and report how long it took to get back to its pace (a Destination's "
+        "pause: a GC, a slow disk, a suspended VM); default 0, none.  The lag verdict then "
+        "measures the recovery too",
+    )
     ap.add_argument("--keep", action="store_true", help="keep every scenario's files and logs")
     ap.add_argument(
         "--subscriber-args",
@@ -1423,6 +1571,9 @@ def main(argv: list[str] | None = None) -> int:
     if not filesystems or set(filesystems) - {"disk", "loop"}:
         ap.error("--filesystems takes 'disk', 'loop' or both, comma-separated")
     rates = [float(r) for r in opts.rates.split(",") if r.strip()]
+    opts.source_servers = [s.strip() for s in opts.source_servers.split(",") if s.strip()]
+    if not opts.source_servers or set(opts.source_servers) - {"simulator", "nginx"}:
+        ap.error("--source-servers takes 'simulator', 'nginx' or both, comma-separated")
     if opts.quick:
         rates, opts.duration, opts.warmup = [200.0], 5.0, 2.0
         opts.catchup_changes = 5_000
@@ -1499,6 +1650,8 @@ def main(argv: list[str] | None = None) -> int:
                 "subscriber_args": opts.subscriber_args,
                 "publisher": "publish DIR --watch (file-system notifications)",
                 "simulator_flush_interval_s": FLUSH_INTERVAL,
+                "source_servers": opts.source_servers,
+                "stall_s": opts.stall,
                 "anchor": "resync-sync --incremental per Change List, 1 s pause between passes",
                 "degraded": "subscribe --via mqtt://<closed port>, default --degraded-poll "
                 "and --degraded-after",
