@@ -722,9 +722,9 @@ class PhaseWindow:
         most twice the p90 of the changes made before the stall, plus 10 ms
         (a change never applied waits forever).  The median, not the worst:
         a backlog delays every change behind it, while one slow change in a
-        second is the tail the window has anyway (a max made one 80 ms change
-        20 s later read as not recovered).  None without a stall, and when
-        the window ended before that (not recovered).
+        second is the tail the window has anyway (judged by the worst, one
+        80 ms change 16 s after the resume read as "16 s").  None without a
+        stall, and when the window ended before that (not recovered).
         """
         if self.stall is None:
             return None

@@ -3,7 +3,8 @@
 The bench stops the subscriber a third into its window and reports how long
 after the resume it was back to its pace; these tests build windows whose
 answer is known and check the verdict, including the two ways of never
-recovering (changes keep waiting, a change never applied).
+recovering (changes keep waiting, changes never applied), and that a lone
+slow change is not a backlog.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _window(
     )
 
 
-def test_recovery_is_the_first_second_after_the_resume_from_which_every_change_kept_pace() -> None:
+def test_recovery_is_the_first_second_after_the_resume_from_which_every_second_kept_pace() -> None:
     # 10 ms before the stall (bound: 2 x p90 10 + 10 = 30 ms); 3 s after the resume,
     # changes still wait 500 ms, then 10 ms again.
     window = _window(lambda t: 10.0 if t < STOPPED or t >= RESUMED + 3 else 500.0)
