@@ -1159,6 +1159,7 @@ class CatchupRun:
     resource_gets: int | None = None  # whole resource GETs the Source answered meanwhile
     package_gets: int | None = None  # Change Dump packages it served meanwhile
     parse_floor_s: float | None = None  # bare parse of the same Change Lists (catchup_floor)
+    server: str = "simulator"  # catch-up always reads the simulator (its Change Dump, counts)
 
 
 _UP_TO_DATE = re.compile(r"up to date \((\d+) applied, (\d+) failed\)")
@@ -1284,11 +1285,7 @@ def _median(values: Iterable[float | None]) -> float | None:
 def _variants_of(runs: Iterable[LatencyRun | CatchupRun]) -> list[tuple[str, bool, str]]:
     """The (filesystem, spare, server) of ``runs``, in the order they first ran (the
     catch-up runs' Source is always the simulator)."""
-    return list(dict.fromkeys((r.fs, r.spare, _server(r)) for r in runs))
-
-
-def _server(run: LatencyRun | CatchupRun) -> str:
-    return run.server if isinstance(run, LatencyRun) else "simulator"
+    return list(dict.fromkeys((r.fs, r.spare, r.server) for r in runs))
 
 
 def summarize(
@@ -1348,7 +1345,7 @@ def summarize(
             runs = [
                 r
                 for r in catchup
-                if r.mode == mode and (r.fs, r.spare, _server(r)) == (fs, spare, server)
+                if r.mode == mode and (r.fs, r.spare, r.server) == (fs, spare, server)
             ]
             if not runs:
                 continue
