@@ -119,12 +119,18 @@ def test_credentials_go_only_to_the_credential_origins(tmp_path):
     )
     policy = HttpPolicy(headers=(("X-Key", "k"),), netrc_file=str(netrc))
     scoped = policy.with_credential_origins(["http://127.0.0.1:8000/cap.xml"])
-    sent = scoped.credentials("http://127.0.0.1:8000", "127.0.0.1")
+    sent = scoped.credentials("http://127.0.0.1:8000", "http://127.0.0.1:8000/r/a.txt")
     assert sent["X-Key"] == "k"
     assert sent["Authorization"] == "Basic YWxpY2U6d29uZGVybGFuZA=="  # alice:wonderland
-    assert scoped.credentials("http://127.0.0.1:8001", "127.0.0.1") == {}  # other port
-    assert scoped.credentials("https://127.0.0.1:8000", "127.0.0.1") == {}  # other scheme
-    assert policy.credentials("http://127.0.0.1:8000", "127.0.0.1") == {}  # not scoped yet
+    assert (
+        scoped.credentials("http://127.0.0.1:8001", "http://127.0.0.1:8001/r/a.txt") == {}
+    )  # other port
+    assert (
+        scoped.credentials("https://127.0.0.1:8000", "https://127.0.0.1:8000/r/a.txt") == {}
+    )  # other scheme
+    assert (
+        policy.credentials("http://127.0.0.1:8000", "http://127.0.0.1:8000/r/a.txt") == {}
+    )  # not scoped yet
 
 
 def test_proxy_from_the_standard_variables(monkeypatch):
