@@ -96,6 +96,16 @@ truth at its own address, :class:`SourceUrls`): a latency row each.
 and reports how long after the resume it was back to its pace
 (:meth:`PhaseWindow.recovery_s`).
 
+**Whose CPUs.**  ``--cpus`` (default ``shared``) says where the latency
+runs' processes run.  ``shared``: everything on every CPU, as it always
+was: the Destination's subscriber competes with the Source's simulator and
+web server, the publisher, the broker, Redis and this bench.  ``split``:
+the Source's side (all of those) on the first half of the CPUs, the
+Destination's (the subscribers and the polling anchor, and whatever they
+start) on the other half (:func:`cpu_sides`), as if each side had a
+machine of its own, as Sources and Destinations do; on two CPUs, a core
+each.  A row per value, named in the *cpus* column.
+
 Run ``.venv/bin/python -m bench.e2e`` (``--quick`` for a smoke run,
 ``--repeat N`` to run everything N times, round-robin).  It prints tables and
 PASS/FAIL against the issue's targets and writes ``bench/results/e2e.json``;
@@ -126,7 +136,7 @@ import tempfile
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -145,6 +155,7 @@ from bench._common import (
     warn_about_machine,
     write_json,
 )
+from bench.cpusides import CPU_LAYOUTS, CpuSides, cpu_sides, on_cpus
 from rsnotify import sitemap, w3cdt
 from rsnotify.collection import collection_id
 from rsnotify.subscriber.pushhealth import DEFAULT_GRACE, DEFAULT_INTERVAL
@@ -485,11 +496,12 @@ class AnchorPass:
 class PollingAnchor:
     """``resync-sync --incremental`` in a loop with a 1 s pause, over the Change Lists."""
 
-    def __init__(self, base: str, root: Path) -> None:
+    def __init__(self, base: str, root: Path, cpus: Collection[int] | None = None) -> None:
         from resync.mapper import Mapper
 
         self.base = base
         self.root = root
+        self.cpus = cpus  # --cpus split: a Destination, on the Destination's side
         self.dest = root / "mirror"
         self.dest.mkdir(parents=True, exist_ok=True)
         self.mapping = f"{base}{COLLECTION}={self.dest}"
@@ -537,17 +549,18 @@ class PollingAnchor:
             for url in self._lists_after(round(covered * 1_000_000)):
                 since = w3cdt.format(datetime.fromtimestamp(covered, UTC))
                 began = time.time()
-                done = subprocess.run(
-                    [
-                        RESYNC_SYNC, "--incremental", "--delete", "--ignore-failures",
-                        "--changelist-uri", url, "--from", since, self.mapping,
-                    ],
-                    cwd=self.root,
-                    capture_output=True,
-                    text=True,
-                    timeout=600,
-                    check=False,
-                )  # fmt: skip
+                with on_cpus(self.cpus):
+                    done = subprocess.run(
+                        [
+                            RESYNC_SYNC, "--incremental", "--delete", "--ignore-failures",
+                            "--changelist-uri", url, "--from", since, self.mapping,
+                        ],
+                        cwd=self.root,
+                        capture_output=True,
+                        text=True,
+                        timeout=600,
+                        check=False,
+                    )  # fmt: skip
                 ended = time.time()
                 output = done.stdout + done.stderr
                 if done.returncode != 0 or "FatalError" in output:  # resync exits 0 on those
@@ -588,6 +601,7 @@ class LatencyRun:
     fs: str  # the filesystem everything of the scenario was written to (loopfs.describe)
     spare: bool  # --spare-inodes for the subscribers and the simulator's --dir writer
     server: str  # what served the Source over HTTP: "simulator" or "nginx" (its --dir copy)
+    cpus: str  # --cpus: "shared", or "split" (the Source's side and the Destination's apart)
     window_s: float
     changes: int
     rate_achieved: float
@@ -831,6 +845,7 @@ def _subscriber_phase(
     steady: Callable[[ManagedProcess, str], None] | None = None,
     processes: dict[str, int],
     stall: float = 0.0,
+    cpus: Collection[int] | None = None,
 ) -> PhaseWindow:
     """One ``rsnotify subscribe --via VIA`` (fresh mirror and state) measured over ``window`` s.
 
@@ -842,23 +857,25 @@ def _subscriber_phase(
     ``processes`` (name -> pid) are the other processes whose CPU the window
     counts.  ``stall`` > 0: the subscriber is stopped (``SIGSTOP``) that many
     seconds, a third into the window, then resumed (:meth:`PhaseWindow.recovery_s`).
+    ``cpus``: where the subscriber runs (``--cpus split``: the Destination's side).
     """
     root = space.root
     _http(f"{source.control}_simulator/pause", "POST")
     state = root / f"{name}-state"
-    subscriber = space.rsnotify(
-        name,
-        "subscribe", source.base,
-        "--into", str(root / f"{name}-mirror"),
-        "--state", str(state),
-        "--via", via,
-        "--name", "bench",
-        _spare_flag(spare),
-        "--metrics-port", "0",
-        "--log-format", "text",
-        "--log-level", "warning",
-        *shlex.split(opts.subscriber_args),
-    )  # fmt: skip
+    with on_cpus(cpus):
+        subscriber = space.rsnotify(
+            name,
+            "subscribe", source.base,
+            "--into", str(root / f"{name}-mirror"),
+            "--state", str(state),
+            "--via", via,
+            "--name", "bench",
+            _spare_flag(spare),
+            "--metrics-port", "0",
+            "--log-format", "text",
+            "--log-level", "warning",
+            *shlex.split(opts.subscriber_args),
+        )  # fmt: skip
     metrics_url = subscriber.wait_for_line(r"metrics (http://\S+/metrics)", timeout=60).group(1)
     subscriber.wait_for_line(rf"{re.escape(cid)}: live", timeout=120)
     if steady is not None:
@@ -964,13 +981,21 @@ def _metric_sum(text: str, metric: str, **labels: str) -> float:
 
 
 def latency_run(
-    rate: float, run: int, variant: Variant, server: str, opts: argparse.Namespace
+    rate: float, run: int, variant: Variant, server: str, cpus: str, opts: argparse.Namespace
 ) -> LatencyRun:
+    """One latency row; ``cpus`` (``--cpus``) decides where its processes run.
+
+    With ``split`` this thread runs on the Source's side for the whole run, so
+    every process it starts lands there (this bench's own work too), but for
+    the Destination's, started inside :func:`on_cpus` of the other side.
+    """
+    sides = cpu_sides(cpus)
     space = Workspace(
-        variant.root(f"latency-{rate:g}-{run}-{server}"), opts.keep, variant.keep_into
+        variant.root(f"latency-{rate:g}-{run}-{server}-{cpus}"), opts.keep, variant.keep_into
     )
     try:
-        result = _latency_run(space, rate, run, variant, server, opts)
+        with on_cpus(sides.source if sides else None):
+            result = _latency_run(space, rate, run, variant, server, cpus, sides, opts)
     finally:
         space.close()
     result.disk_used_mb = None if space.used_bytes is None else space.used_bytes / 1e6
@@ -983,10 +1008,13 @@ def _latency_run(
     run: int,
     variant: Variant,
     server: str,
+    cpus: str,
+    sides: CpuSides | None,
     opts: argparse.Namespace,
 ) -> LatencyRun:
     root = space.root
     load_before = list(os.getloadavg())
+    destination = sides.destination if sides else None
     redis = Redis(root / "redis")
     space.stack.callback(redis.stop)
     redis.start()
@@ -1046,6 +1074,7 @@ def _latency_run(
         window=max(opts.duration, opts.lag_duration) if rate >= 1000 else opts.duration,
         spare=variant.spare,
         stall=opts.stall,
+        cpus=destination,
         processes={
             **others,
             "publisher": publisher.pid,
@@ -1073,10 +1102,11 @@ def _latency_run(
             spare=variant.spare,
             steady=functools.partial(_degraded_steady, cid),
             processes=others,
+            cpus=destination,
         )  # fmt: skip
 
     # -- phase 3: the polling anchor, same Source ----------------------------------------
-    anchor = PollingAnchor(base, root / "anchor")
+    anchor = PollingAnchor(base, root / "anchor", destination)
     a_started = time.time()
     a_start = a_started + opts.warmup
     a_end = a_start + opts.duration
@@ -1103,6 +1133,7 @@ def _latency_run(
         fs=variant.fs,
         spare=variant.spare,
         server=server,
+        cpus=cpus,
         window_s=window,
         changes=len(push.changes),
         rate_achieved=len(push.changes) / window,
@@ -1171,6 +1202,7 @@ class CatchupRun:
     package_gets: int | None = None  # Change Dump packages it served meanwhile
     parse_floor_s: float | None = None  # bare parse of the same Change Lists (catchup_floor)
     server: str = "simulator"  # catch-up always reads the simulator (its Change Dump, counts)
+    cpus: str = "shared"  # and runs on every CPU
 
 
 _UP_TO_DATE = re.compile(r"up to date \((\d+) applied, (\d+) failed\)")
@@ -1293,22 +1325,28 @@ def _median(values: Iterable[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def _variants_of(runs: Iterable[LatencyRun | CatchupRun]) -> list[tuple[str, bool, str]]:
-    """The (filesystem, spare, server) of ``runs``, in the order they first ran (the
-    catch-up runs' Source is always the simulator)."""
-    return list(dict.fromkeys((r.fs, r.spare, r.server) for r in runs))
+def _kind(r: LatencyRun | CatchupRun) -> tuple[str, bool, str, str]:
+    """What a row's targets are judged with: (filesystem, spare, server, cpus)."""
+    return (r.fs, r.spare, r.server, r.cpus)
+
+
+def _variants_of(runs: Iterable[LatencyRun | CatchupRun]) -> list[tuple[str, bool, str, str]]:
+    """The (filesystem, spare, server, cpus) of ``runs``, in the order they first ran (the
+    catch-up runs' Source is always the simulator, on every CPU)."""
+    return list(dict.fromkeys(_kind(r) for r in runs))
 
 
 def summarize(
     latency: list[LatencyRun], catchup: list[CatchupRun]
 ) -> tuple[list[dict[str, Any]], bool]:
-    """PASS/FAIL per target and per (filesystem, spare, server) row kind, on the median
-    over repeated runs."""
+    """PASS/FAIL per target and per (filesystem, spare, server, cpus) row kind, on the
+    median over repeated runs."""
     verdicts: list[dict[str, Any]] = []
-    for fs, spare, server in _variants_of([*latency, *catchup]):
-        where = {"fs": fs, "spare": spare, "server": server}
-        tag = f" [{fs}, spare {'on' if spare else 'off'}, served by {server}]"
-        mine = [r for r in latency if (r.fs, r.spare, r.server) == (fs, spare, server)]
+    for kind in _variants_of([*latency, *catchup]):
+        fs, spare, server, cpus = kind
+        where = {"fs": fs, "spare": spare, "server": server, "cpus": cpus}
+        tag = f" [{fs}, spare {'on' if spare else 'off'}, served by {server}, cpus {cpus}]"
+        mine = [r for r in latency if _kind(r) == kind]
         at_200 = [r for r in mine if r.rate_target == 200]
         if at_200:
             value = _median(r.push_ms["p99"] for r in at_200)
@@ -1353,11 +1391,7 @@ def summarize(
                 }
             )
         for mode, key in CATCHUP_TARGETS:
-            runs = [
-                r
-                for r in catchup
-                if r.mode == mode and (r.fs, r.spare, r.server) == (fs, spare, server)
-            ]
+            runs = [r for r in catchup if r.mode == mode and _kind(r) == kind]
             if not runs:
                 continue
             value = _median(r.wall_s for r in runs)
@@ -1375,6 +1409,11 @@ def summarize(
     return verdicts, all(v["passed"] for v in verdicts)
 
 
+def _cpus_label(layout: str) -> str:
+    sides = cpu_sides(layout)
+    return layout if sides is None else f"{layout} ({sides.describe()})"
+
+
 def _on(flag: bool) -> str:
     return "on" if flag else "off"
 
@@ -1388,14 +1427,15 @@ def _recovery(run: LatencyRun) -> float | str:
 def print_tables(latency: list[LatencyRun], catchup: list[CatchupRun]) -> None:
     if latency:
         headers = [
-            "rate/s", "fs", "spare", "served by", "run", "got/s", "changes",
+            "rate/s", "fs", "spare", "served by", "cpus", "run", "got/s", "changes",
             "push p50", "p90", "p99", "max", "miss", "detect p50", "deliv+apply p50",
             "degr p50", "p90", "p99", "miss",
             "poll p50", "p90", "p99", "miss", "x p50",
         ]  # fmt: skip
         rows = [
             [
-                r.rate_target, r.fs, _on(r.spare), r.server, r.run, r.rate_achieved, r.changes,
+                r.rate_target, r.fs, _on(r.spare), r.server, r.cpus, r.run, r.rate_achieved,
+                r.changes,
                 r.push_ms["p50"], r.push_ms["p90"], r.push_ms["p99"], r.push_ms["max"],
                 r.push_missing, r.detect_ms["p50"], r.deliver_apply_ms["p50"],
                 *[(r.degraded_ms or {}).get(q) for q in ("p50", "p90", "p99")],
@@ -1414,7 +1454,7 @@ def print_tables(latency: list[LatencyRun], catchup: list[CatchupRun]) -> None:
         )
         print(format_table(headers, rows))
         headers = [
-            "rate/s", "fs", "spare", "served by", "run",
+            "rate/s", "fs", "spare", "served by", "cpus", "run",
             "sim CPU%", "nginx CPU%", "pub CPU%", "sub CPU%", "mqtt CPU%", "redis CPU%",
             "pub ms/chg", "sub ms/chg", "superseded", "<=50ms (/metrics)", "poll passes",
             "pass s p50", "degr window s", "degr sub CPU%", "degr polling", "disk MB",
@@ -1422,7 +1462,7 @@ def print_tables(latency: list[LatencyRun], catchup: list[CatchupRun]) -> None:
         ]  # fmt: skip
         rows = [
             [
-                r.rate_target, r.fs, _on(r.spare), r.server, r.run,
+                r.rate_target, r.fs, _on(r.spare), r.server, r.cpus, r.run,
                 r.cpu_pct["simulator"], r.cpu_pct.get("nginx"),
                 r.cpu_pct["publisher"], r.cpu_pct["subscriber"],
                 r.cpu_pct["mosquitto"], r.cpu_pct["redis"],
@@ -1468,11 +1508,13 @@ def _run_all(
     for run in range(1, opts.repeat + 1):
         if not opts.skip_latency:
             for rate in rates:
-                for v, server in ((v, s) for v in variants for s in opts.source_servers):
+                for v, server, cpus in (
+                    (v, s, c) for v in variants for s in opts.source_servers for c in opts.cpus
+                ):
                     print(f"latency: {rate:g} changes/s, {v.fs}, spare {_on(v.spare)}, "
-                          f"served by {server}, run {run}/{opts.repeat} ...",
-                          flush=True)  # fmt: skip
-                    result = latency_run(rate, run, v, server, opts)
+                          f"served by {server}, cpus {_cpus_label(cpus)}, "
+                          f"run {run}/{opts.repeat} ...", flush=True)  # fmt: skip
+                    result = latency_run(rate, run, v, server, cpus, opts)
                     latency.append(result)
                     degraded = result.degraded_ms or {}
                     print(
@@ -1570,6 +1612,14 @@ def main(argv: list[str] | None = None) -> int:
         "pause: a GC, a slow disk, a suspended VM); default 0, none.  The lag verdict then "
         "measures the recovery too",
     )
+    ap.add_argument(
+        "--cpus",
+        default="shared",
+        help="comma-separated, a latency row each: 'shared' (every process on every CPU) and "
+        "'split' (the Source's side, i.e. simulator, nginx, publisher, broker, Redis and this "
+        "bench, on the first half of the CPUs, the Destination's, i.e. the subscribers and the "
+        "polling anchor, on the other: as on two machines); default %(default)s",
+    )
     ap.add_argument("--keep", action="store_true", help="keep every scenario's files and logs")
     ap.add_argument(
         "--subscriber-args",
@@ -1587,6 +1637,15 @@ def main(argv: list[str] | None = None) -> int:
     opts.source_servers = [s.strip() for s in opts.source_servers.split(",") if s.strip()]
     if not opts.source_servers or set(opts.source_servers) - {"simulator", "nginx"}:
         ap.error("--source-servers takes 'simulator', 'nginx' or both, comma-separated")
+    opts.cpus = [c.strip() for c in opts.cpus.split(",") if c.strip()]
+    if not opts.cpus or set(opts.cpus) - set(CPU_LAYOUTS):
+        ap.error("--cpus takes 'shared', 'split' or both, comma-separated")
+    try:
+        split = cpu_sides("split") if "split" in opts.cpus else None
+    except ValueError as exc:
+        ap.error(str(exc))
+    if split is not None:
+        print(f"--cpus split: {split.describe()}", flush=True)
     if opts.quick:
         rates, opts.duration, opts.warmup = [200.0], 5.0, 2.0
         opts.catchup_changes = 5_000
@@ -1664,6 +1723,7 @@ def main(argv: list[str] | None = None) -> int:
                 "publisher": "publish DIR --watch (file-system notifications)",
                 "simulator_flush_interval_s": FLUSH_INTERVAL,
                 "source_servers": opts.source_servers,
+                "cpus": opts.cpus,
                 "stall_s": opts.stall,
                 "anchor": "resync-sync --incremental per Change List, 1 s pause between passes",
                 "degraded": "subscribe --via mqtt://<closed port>, default --degraded-poll "
