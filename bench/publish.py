@@ -149,7 +149,7 @@ def _ms(value: float | None) -> float | None:
 
 
 def _write_items(
-    root: Path, items: Sequence[tuple[str, bytes | None]], made: set[Path], watched: str | None
+    root: Path, items: Sequence[tuple[str, bytes | None]], made: set[str], watched: str | None
 ) -> float | None:
     """Write a DiskWriter snapshot exactly as ``rsnotify simulate --dir`` does.
 
@@ -177,7 +177,7 @@ class SourceDir:
     source: Any  # rsnotify.simulator.Source
     site: Any  # rsnotify.simulator.site.Site
     writer: Any  # rsnotify.simulator.diskwriter.DiskWriter
-    made: set[Path] = field(default_factory=set)
+    made: set[str] = field(default_factory=set)  # directories written to
 
     @property
     def collection(self) -> Any:

@@ -29,6 +29,7 @@ so stale resources cannot linger.  Nothing else in the directory is touched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ _log = logging.getLogger(__name__)
 def write_files(
     root: Path,
     items: Sequence[tuple[str, bytes | None]],
-    made: set[Path],
+    made: set[str],
     before_replace: Callable[[str], None] | None = None,
     spares: SparePool | None = None,
 ) -> None:
@@ -58,16 +59,21 @@ def write_files(
     ``before_replace(rel)`` runs just before each rename (benchmarks stamp the
     moment a document becomes visible to a watcher with it).  With
     ``spares`` the temporary file is a spare inode and the rename a swap.
+    ``made``: directories known to exist (added to).  Paths are strings, not
+    :class:`~pathlib.Path`: at 600 changes/s building and converting them
+    was ~13 % of the simulator's samples, as much as the writes they name.
     """
+    top = os.fspath(root)
     for rel, body in items:
-        path = root / rel
+        path = os.path.join(top, rel)
         if body is None:
-            if spares is None or spares.retire(None, str(path)) is None:
-                path.unlink(missing_ok=True)
+            if spares is None or spares.retire(None, path) is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             continue
-        parent = path.parent
+        parent, name = os.path.split(path)
         if parent not in made:
-            parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(parent, exist_ok=True)
             made.add(parent)
         spare = spares.open() if spares is not None else None
         if spare is not None:
@@ -84,11 +90,11 @@ def write_files(
                 spares.release(slot)
                 raise
             try:
-                spares.install(slot, None, str(path))
+                spares.install(slot, None, path)
                 continue
             except SpareUnusable:  # no swap into this directory: the plain way
                 spares = None
-        tmp = parent / f".{path.name}.tmp"
+        tmp = os.path.join(parent, f".{name}.tmp")
         with open(tmp, "wb") as handle:
             handle.write(body)
         if before_replace is not None:
@@ -109,7 +115,7 @@ class DiskWriter:
         self._written_etags: dict[str, str] = {}
         self._closed_written = 0
         self._static_written = False
-        self._made: set[Path] = set()
+        self._made: set[str] = set()  # directories written to (write_files)
         self._spares: SparePool | None = None
         self._lock = asyncio.Lock()
         self.files_written = 0
