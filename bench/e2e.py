@@ -549,20 +549,27 @@ class PollingAnchor:
             for url in self._lists_after(round(covered * 1_000_000)):
                 since = w3cdt.format(datetime.fromtimestamp(covered, UTC))
                 began = time.time()
+                # Started on the Destination's CPUs; its output is read here, on
+                # this bench's (a Source-side job under --cpus split).
                 with on_cpus(self.cpus):
-                    done = subprocess.run(
+                    done = subprocess.Popen(
                         [
                             RESYNC_SYNC, "--incremental", "--delete", "--ignore-failures",
                             "--changelist-uri", url, "--from", since, self.mapping,
                         ],
                         cwd=self.root,
-                        capture_output=True,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
                         text=True,
-                        timeout=600,
-                        check=False,
                     )  # fmt: skip
+                try:
+                    out, err = done.communicate(timeout=600)
+                except subprocess.TimeoutExpired:
+                    done.kill()
+                    done.communicate()
+                    raise
                 ended = time.time()
-                output = done.stdout + done.stderr
+                output = out + err
                 if done.returncode != 0 or "FatalError" in output:  # resync exits 0 on those
                     self.errors.append(output[-2000:])
                 state = self._state()
