@@ -166,6 +166,7 @@ class SeqRecord:
         self.seqs: dict[str, dict[int, str]] = defaultdict(dict)
         self.arrivals: dict[str, list[float]] = defaultdict(list)
         self.reused: list[tuple[str, int, str, str]] = []
+        self.notices: list[dict[str, Any]] = []  # skipped, gap_too_old, error frames
         self._lock = threading.Lock()
 
     def record(self, notification: dict[str, Any]) -> None:
@@ -183,6 +184,17 @@ class SeqRecord:
     def count(self) -> int:
         with self._lock:
             return sum(len(s) for s in self.seqs.values())
+
+    def missing(self, expected: int) -> str:
+        """Which of seqs ``1..expected`` never came, per collection, and any notices:
+        for a failure message (a witness that lacks a few seqs says which)."""
+        with self._lock:
+            holes = {
+                c: [q for q in range(1, expected + 1) if q not in s][:20]
+                for c, s in self.seqs.items()
+            }
+            notices = self.notices[-10:]
+        return f"missing (first 20) {holes}; last notices {notices}"
 
     def worst_pause_after(self, moment: float, collections: list[str] | None = None) -> float:
         """The longest gap between arrivals (of ``collections``) across ``moment`` (a failover)."""
@@ -244,6 +256,9 @@ class WsSeqRecorder(SeqRecord):
                             frame = json.loads(await asyncio.wait_for(ws.recv(), 0.2))
                             if frame.get("type") == "notification":
                                 self.record(json.loads(frame["payload"]))
+                            elif frame.get("type") not in ("hello", "heartbeat"):
+                                with self._lock:
+                                    self.notices.append(frame)
             except (OSError, websockets.exceptions.WebSocketException):
                 await asyncio.sleep(0.2)  # the gateway is starting or went away: try again
 

@@ -230,7 +230,7 @@ def run_failovers(
                 lambda w=witness: w.count() >= changes,
                 timeout=90,
                 message=lambda w=witness: (
-                    f"{type(w).__name__} has {w.count()} of {changes}\n"
+                    f"{type(w).__name__} has {w.count()} of {changes}, {w.missing(changes)}\n"
                     + publisher.tail()
                     + gateway.tail()
                 ),
