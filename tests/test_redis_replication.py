@@ -9,10 +9,15 @@ and appear in the log, same seqs, once it is back.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
+from websockets.asyncio.client import connect
+
 from rsnotify.log.redis_log import RedisLog
+from rsnotify.transport.ws import WebSocketGateway
 from tests.devstack import Redis, async_wait_for, wait_for
+from tests.test_transport_ws import C1, CAP1, append, assert_dense, reached, recv_until, url
 
 
 def _replica_in_sync(primary: Redis) -> bool:
@@ -105,3 +110,49 @@ async def test_with_no_replicas_asked_for_nothing_changes(redis_server: Redis) -
             assert client.exists("rsn:{c}:pending") == 0
         finally:
             client.close()
+
+
+async def test_a_replay_waits_for_seqs_a_failover_left_held_back_and_never_skips_them(
+    redis_factory: Callable[..., Redis],
+) -> None:
+    """A Destination that saw seqs 6..7 before a failover resumes with since=7.
+
+    The promoted replica holds 6..10 back (the release that made them
+    visible on the old primary was lost with it): the log ends at 5, the head
+    is 10.  ``skipped`` would tell the client 8..10 are gone for good; they
+    are not, and arrive once the publisher settles the collection.
+    """
+    primary, replica = _pair(redis_factory)
+    async with (
+        RedisLog(primary.url, wait_replicas=1, wait_timeout=0.1) as writer,
+        RedisLog(primary.url) as reader,
+    ):
+        await writer.register(C1, CAP1)
+        await append(writer, C1, 5)
+        await replica.async_stop()
+        held = asyncio.create_task(append(writer, C1, 5))  # 6..10, staged: no replica acks
+
+        async def staged() -> bool:
+            return await reader.head(C1) == 10
+
+        await async_wait_for(staged, message="nothing staged")
+        held.cancel()
+        assert [r.seq for r in await reader.read(C1, 0)] == [1, 2, 3, 4, 5]
+        gateway = WebSocketGateway(reader)
+        await gateway.start()
+        try:
+            async with connect(url(gateway, f"/{C1}?since=7")) as ws:
+                hello = json.loads(await ws.recv())
+                assert (hello["type"], hello["head"], hello["earliest"]) == ("hello", 10, 1)
+
+                async def waiting() -> bool:
+                    return gateway.replay_waits > 0
+
+                await async_wait_for(waiting, message="the replay never found the log behind")
+                await replica.async_start()
+                await writer.settle(C1)  # what a publisher does when it reloads the head
+                frames = await recv_until(ws, reached(C1, 10))
+        finally:
+            await gateway.stop()
+    assert [f["type"] for f in frames] == ["notification"] * 3, frames
+    assert_dense(frames, 7, 10)

@@ -114,6 +114,8 @@ logger = logging.getLogger(__name__)
 TAIL_BATCH = 500
 #: Records per ``log.read`` of a replaying client (bounds its memory).
 REPLAY_BATCH = 100
+#: Seconds a replay waits at once for records the log holds back (see ``_replay``).
+REPLAY_WAIT = 1.0
 #: Frames one client sends for one collection before the others get a turn.
 PUMP_BUDGET = 64
 #: How long a tailer whose ring is full waits for its fastest client to make
@@ -203,6 +205,7 @@ class WebSocketGateway:
         self._on_published = on_published
         self._ssl_context = ssl_context  # wss:// when set (see server_tls_context)
         self.replayed = 0  # records sent from the log rather than the ring (a cost metric)
+        self.replay_waits = 0  # replays that found the log behind the tailer (see _replay)
         self._shared_before = 0  # shared frames written by feeds that have ended
         self._server: Server | None = None
         self._refresher: asyncio.Task[None] | None = None
@@ -550,9 +553,40 @@ class WebSocketGateway:
             logger.exception("on_published callback failed")
 
     async def _replay(self, ws: ServerConnection, stream: Stream) -> None:
-        """One batch from the log for a client that is behind the ring."""
+        """One batch from the log for a client that is behind the ring.
+
+        The log holding nothing after the client's position means one of two
+        things.  Retention trimmed it (the log starts beyond the position):
+        the client is told ``skipped`` up to the ring.  Or the log is behind
+        what this gateway's tailer read: a Redis failover lost the release of
+        entries that were held back until replicated (see
+        :mod:`rsnotify.log.redis_log`); the promoted replica has them, held
+        back, under the same seqs, and releases them when the publisher
+        settles the collection or appends again.  Those are waited for, never
+        skipped: ``skipped`` tells a client that notifications are gone for
+        good, and it would resubscribe past them.
+        """
         cursor, feed = stream.cursor, stream.feed
         records = await self.log.read(cursor.collection, cursor.position, limit=REPLAY_BATCH)
+        if not records:
+            if await self.log.earliest(cursor.collection) > cursor.position + 1:
+                # everything before the ring is gone from the log
+                first, resume = cursor.skip_to(feed.window_start)
+                await ws.send(wsproto.skipped(cursor.collection, first, resume))
+                return
+            self.replay_waits += 1
+            if self.replay_waits == 1 or self.replay_waits % 100 == 0:
+                logger.warning(
+                    "%s: the log holds nothing after seq %d though its head is %d "
+                    "(held back after a failover?); the client waits for them (%d waits)",
+                    cursor.collection,
+                    cursor.position,
+                    feed.position,
+                    self.replay_waits,
+                )
+            records = await self.log.wait(
+                cursor.collection, cursor.position, timeout=REPLAY_WAIT, limit=REPLAY_BATCH
+            )
         self.replayed += len(records)
         for record in records:
             if record.seq <= cursor.position:
@@ -561,9 +595,6 @@ class WebSocketGateway:
                 first, resume = cursor.skip_to(record.seq)
                 await ws.send(wsproto.skipped(cursor.collection, first, resume))
             await self._deliver(ws, cursor, self._render(cursor.collection, record))
-        if not records:  # everything before the ring is gone from the log
-            first, resume = cursor.skip_to(feed.window_start)
-            await ws.send(wsproto.skipped(cursor.collection, first, resume))
 
     # -- tailers -------------------------------------------------------------------
 
