@@ -1,5 +1,10 @@
 """Diffing Resource List snapshots: one changed part against re-reading everything (issue 23).
 
+Why one module of ~600 lines: it is one comparison -- the generated index set and its
+one-part change, the contenders (each run in a fresh child process) and the table that
+judges them -- read top to bottom; the measurement code it shares with the other benches
+lives in ``bench/_common.py``.
+
 A Source with no Change List tells what changed only by publishing a new
 Resource List; rsnotify's :class:`~rsnotify.changes.snapshotwatch.SnapshotWatcher`
 diffs successive snapshots.  The issue asks that detection cost stay

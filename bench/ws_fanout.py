@@ -1,5 +1,10 @@
 """WebSocket fan-out: 2,000 subscribers on one gateway, and the gateway's frames/s ceiling.
 
+Why one module of ~540 lines: it is one experiment -- the gateway's own process, the
+appender, both phases for each variant and the verdicts -- read as its method, top to
+bottom; the clients live in ``bench/wsclients.py`` and ``bench/wsclients.c``, what the
+benches share in ``bench/_common.py``.
+
 Issue 21 item 4.  A private Redis holds the notification log; one gateway
 process (:class:`rsnotify.transport.ws.WebSocketGateway`, ``--ws-only``'s
 gateway, alone in its process so its RSS and CPU are its own) serves it;

@@ -1,5 +1,10 @@
 """Access control, end to end: real Mosquitto with passwords, ACLs and TLS, real processes.
 
+Why one module of ~550 lines: the five tests are one acceptance list on one rig --
+``make_pki``, ``secured_broker`` with ``deploy/mosquitto.acl``, the ``start_*`` process
+helpers, ``wait_converged`` and the raw ``mqtt_client`` -- which is over a third of the file
+and which each test uses in part.
+
 ``rsnotify simulate`` is the Source, ``rsnotify publish`` and ``rsnotify
 subscribe`` run as child processes; the broker is Mosquitto with a password
 file made here with ``mosquitto_passwd -b`` and the ACL shipped in

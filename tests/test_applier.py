@@ -1,4 +1,10 @@
-"""The change applier against real aiohttp Sources on loopback ports and real files."""
+"""The change applier against real aiohttp Sources on loopback ports and real files.
+
+Why one module of ~1,700 lines: it tests one component, the :class:`Applier`, and nearly
+every test needs the same rig -- the scriptable ``Source`` (``other``: a second origin) and
+``Env``'s mirror, store and hooks; what it delegates to (grouped deletions, trust, Resource
+Dump packages) is driven through it too, and only the store has a few tests of its own.
+"""
 
 from __future__ import annotations
 

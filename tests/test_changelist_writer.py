@@ -1,5 +1,10 @@
 """``rsnotify publish --write-changelist DIR``: the Change List written from the log (issue 23).
 
+Why one module of ~570 lines: the documents (:class:`ChangeListSet`), the writer with its
+log and crashes, and a real ``rsnotify publish`` are checked with the same readers
+(``written_entries``, and ``resync_read`` over ``served``) and the same
+``notifications``/``entry_fields`` builders, so each layer is judged the same way.
+
 What the tests prove, each against two independent readers (rsnotify's
 parser, and resync 2.0.1 reading the lists a Change List Index names over
 HTTP from a plain ``http.server``):

@@ -1,5 +1,10 @@
 """Acceptance: mirrors converge on the Source whatever breaks, and nothing ever goes back in time.
 
+Why one module of ~540 lines: one scenario and its ``Run``/``Fault`` record take half of it;
+the two smaller scenarios start the same processes through the same fixtures, and the last
+two tests are in-process regressions that scenario found, kept beside it though they share
+almost nothing with it.
+
 Everything runs as the real thing: ``rsnotify simulate``, ``rsnotify publish``
 and two ``rsnotify subscribe`` processes (one over MQTT, one over WebSocket)
 against a private Mosquitto and Redis.  Faults are injected at points chosen by

@@ -1,5 +1,10 @@
 """deploy/: every file is checked by the program that will read it in production.
 
+Why one module of ~580 lines: it is the check-list of ``deploy/``, one section per kind of
+file, run by the program that reads it; the sections share little (``compose`` and
+``PASSWORDS`` tie the compose and broker sections) and could be split, but together one file
+shows what of ``deploy/`` is checked and how.
+
 * systemd units: ``systemd-analyze verify`` (offline, no systemd needed as PID 1)
   must print nothing, and ``systemd-analyze security --offline`` must rate the
   sandbox "OK" (exposure <= 2.0).  verify checks that ExecStart's binary exists,

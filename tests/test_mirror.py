@@ -1,4 +1,10 @@
-"""The mirror: loc -> path mapping (pure, property-tested) and safe atomic writes on real files."""
+"""The mirror: loc -> path mapping (pure, property-tested) and safe atomic writes on real files.
+
+Why one module of ~1,230 lines: it tests one package, :mod:`rsnotify.subscriber.mirror`; the
+writing sections share ``temp_files``, ``chunks_of`` and the ``new_mirror`` fixture (new
+temp files or spare inodes), while the pure path-mapping tests at the top share only the
+package with them and could stand alone.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,10 @@
 """Acceptance of ``rsnotify publish`` (issue 4): real processes, real faults.
 
+Why one module of ~730 lines: the three tests are one acceptance list (issue 4) on one rig
+-- the Source, publisher, broker and log helpers, the comparison with the Change Lists, and
+the Destinations written the plain way -- which is half the file; split, each test would be
+read away from the rig its claims depend on.
+
 Everything here runs as separate processes: ``rsnotify simulate`` is the
 Source, ``rsnotify publish`` the publisher, Mosquitto and Redis come from the
 fixtures.  The Destinations are written here with their own code, a plain

@@ -1,5 +1,10 @@
 """The simulated Source: its pure core, its documents and its HTTP behaviour.
 
+Why one module of ~660 lines: it tests one component, the simulated Source, from its pure
+core (``make_source``) to its HTTP server and ``--dir`` copy, the server tests sharing the
+``running`` context and its small HTTP helpers (``fetch``, ``body``, ``get_json``); its
+resync and CLI tests are already apart.
+
 Most tests run the real aiohttp server in-process on a free loopback port and
 talk to it with a real HTTP client; the reference-client and CLI tests are in
 ``test_simulator_resync.py``.  Changes are driven with

@@ -1,5 +1,10 @@
 """The document layer: errors that name problem and place, streaming, resuming, splitting.
 
+Why one module of ~760 lines: it tests one public API, :mod:`rsnotify.sitemap`; the parser's
+sections share the hand-written ``urlset``/``change``/``changelist`` documents and a
+50,000-entry fixture, and the serialize and split tests check their output by parsing it
+back, so writer and reader are held to each other in one file.
+
 Documents are written out by hand (not by ``serialize``) wherever the parser is
 under test, so a serializer bug cannot hide a parser bug and vice versa.
 """

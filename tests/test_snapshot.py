@@ -1,5 +1,10 @@
 """Resource List snapshots and their differences (issue 23): the pure rules and the watcher.
 
+Why one module of ~930 lines: it tests one feature, issue 23's snapshot diff, from its pure
+rules (:mod:`rsnotify.changes.snapshot`) to the watcher that applies them; the watcher tests
+share ``DirSource`` and ``_watcher``, and several check end to end a rule tested purely
+above (moves, renamed parts).
+
 The watcher reads a directory Source (:class:`DirectoryAccess`, no sockets),
 counting reads per document, so "only the changed part is parsed" is checked
 by what was read, not by timing.

@@ -1,5 +1,10 @@
 """Every XML example of ANSI/NISO Z39.99-2014 read, checked and round-tripped.
 
+Why one module of ~980 lines: about 570 of them are ``EXPECTED``, every example's document
+transcribed in full, and the rest are the checks run against that table and the fixtures;
+the table stays with the tests that read it, so an expectation and its check are reviewed
+together.
+
 The fixtures in ``tests/data/spec`` are extracted from the specification text
 by ``tests/data/spec/extract.py``.  The expectations below were transcribed by
 reading the specification (each example's markup and the prose around it),

@@ -1,5 +1,10 @@
 """Hostile notifications: forged messages published straight to the subscriber's MQTT topic.
 
+Why one module of ~640 lines: it is one threat, forged notifications on the subscriber's
+topic, tested on one rig -- ``following`` (a counting Source, Mosquitto and a live
+``Subscriber``), the ``Forger`` and ``Setup``'s apply-log readers -- that every test uses;
+split by kind of forgery, each file would import the same rig to check the same promise.
+
 Anyone who can publish to the broker can send the subscriber anything.  A
 notification is only ever a hint that the Source changed: the subscriber
 must fetch nothing off the Source's origin, write nothing outside its mirror

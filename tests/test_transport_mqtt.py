@@ -1,5 +1,10 @@
 """The MQTT transport against real brokers, with the real log backends.
 
+Why one module of ~1,130 lines: it tests one component, the MQTT pusher, and 14 of its 17
+tests run on the same rig -- a broker fixture (``broker``/``broker_factory`` over Mosquitto
+and NATS, or Mosquitto alone), the plain-paho ``subscribers``, ``sqlite_log`` and
+``running`` -- which splitting would only move to a helper module.
+
 Subscribers here are plain paho-mqtt clients written the way a Destination
 would write one, so the tests check the wire (topics, QoS 1 order, payload
 bytes, MQTT 5 properties), not the pusher's own idea of what it sent.

@@ -1,5 +1,10 @@
 """The WebSocket gateway over real connections and real logs, and its pure protocol.
 
+Why one module of ~760 lines: every gateway test uses the ``log`` and ``gateways`` fixtures
+and the frame helpers (``recv``, ``recv_until``, ``append``); the pure
+:mod:`~rsnotify.transport.wsproto` tests at the end share none of that and could stand
+alone, but sit beside the gateway that speaks the protocol they pin down.
+
 Clients here are plain ``websockets`` connections that parse frames with
 ``json`` themselves, so the gateway is checked against the protocol as
 written in :mod:`rsnotify.transport.wsproto`, not against its own helpers

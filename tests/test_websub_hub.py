@@ -1,5 +1,10 @@
 """The hub's WebSub behaviours one by one: a real hub on a real SQLite log, real HTTP callbacks.
 
+Why one module of ~530 lines: it tests one component, the WebSub hub, through one ``hub``
+fixture (its ring and limits sized for these tests), the ``Callback`` server and the
+``request``/``subscribe`` helpers; most of the issue 22.2 guards are checked on that same
+hub, the same way as the behaviours they guard.
+
 Bad requests (400), refusal of an unknown topic, a callback that does not
 echo the challenge, unsubscription, ``410 Gone``, and ``gap_too_old`` when a
 callback comes back after the log trimmed what it missed -- with the

@@ -1,5 +1,10 @@
 """``rsnotify subscribe --via websub``: convergence under faults, and leases.
 
+Why one module of ~580 lines: it holds the tests of following a Source over WebSub; the
+convergence run and its helpers (``Relay``, ``refusals``, ``hub_head``) are half of it,
+while the lease and advertising tests run in-process and share only constants with it --
+they could stand apart, and are here so the WebSub Destination is read in one file.
+
 The convergence scenario runs the real things broker-less -- ``rsnotify
 simulate``, ``rsnotify publish --websub`` on the embedded SQLite log and
 store, ``rsnotify subscribe --via http://hub/ --callback ...`` -- with a TCP
