@@ -156,3 +156,40 @@ async def test_a_replay_waits_for_seqs_a_failover_left_held_back_and_never_skips
             await gateway.stop()
     assert [f["type"] for f in frames] == ["notification"] * 3, frames
     assert_dense(frames, 7, 10)
+
+
+async def test_earliest_never_passes_entries_on_their_way_from_held_back_to_the_log(
+    redis_factory: Callable[..., Redis],
+) -> None:
+    """``earliest`` reads the log, then what is held back, then the head.
+
+    Read as three commands, a release landing between the first two made a
+    collection whose first entries were just released look trimmed
+    (earliest = head + 1), and a WebSocket client subscribing with since=0
+    got ``gap_too_old`` for seqs the log holds (test_sentinel's witness lost
+    seqs 1..4 that way).  Each collection's first append is one chance of
+    that race; a reader polls ``earliest`` throughout.
+    """
+    primary, _ = _pair(redis_factory)
+    collections = [f"c{i}" for i in range(150)]
+    async with (
+        RedisLog(primary.url, wait_replicas=1, wait_timeout=1.0) as writer,
+        RedisLog(primary.url) as reader,
+    ):
+        wrong: list[tuple[str, int]] = []
+        polls = 0
+        for collection in collections:
+            appending = asyncio.create_task(
+                writer.append(collection, [b"a", b"b"], expected_head=0, checkpoint="2")
+            )
+            while True:
+                done = appending.done()
+                earliest = await reader.earliest(collection)
+                polls += 1
+                if earliest != 1:
+                    wrong.append((collection, earliest))
+                if done:
+                    break
+            assert await appending == 2
+        assert wrong == [], f"{len(wrong)} wrong of {polls} reads: {wrong[:5]}"
+        assert polls >= 2 * len(collections)

@@ -146,6 +146,21 @@ end
 return moved
 """
 
+# KEYS: log, pending, meta.  The first seq the log holds, else the first held
+# back (they come next), else head + 1.  One script, not three commands: a
+# release between reading the log and reading what is held back would make
+# entries on their way look trimmed (earliest = head + 1).
+_EARLIEST = """
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+if #first == 0 then
+  first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
+end
+if #first > 0 then
+  return tonumber(string.match(first[1][1], '^(%d+)'))
+end
+return tonumber(redis.call('HGET', KEYS[3], 'head') or '0') + 1
+"""
+
 # KEYS: cursors.  ARGV: name, seq.  Cursors only move forward.
 _SET_CURSOR = """
 local current = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
@@ -253,6 +268,7 @@ class RedisLog(NotificationLog):
         self._append = self._redis.register_script(_APPEND)
         self._set_cursor = self._redis.register_script(_SET_CURSOR)
         self._release = self._redis.register_script(_RELEASE)
+        self._earliest = self._redis.register_script(_EARLIEST)
 
     async def _call(self, coro: Any) -> Any:
         try:
@@ -274,15 +290,9 @@ class RedisLog(NotificationLog):
         return int(value or 0)
 
     async def earliest(self, collection: str) -> int:
-        log, _, _ = _keys(collection)
-        first = await self._call(self._redis.xrange(log, "-", "+", count=1))
-        if not first:  # all held back (see wait_replicas)? they come next
-            first = await self._call(
-                self._redis.xrange(_pending_key(collection), "-", "+", count=1)
-            )
-        if first:
-            return _seq(first[0][0])
-        return await self.head(collection) + 1
+        log, meta, _ = _keys(collection)
+        keys = [log, _pending_key(collection), meta]
+        return int(await self._call(self._earliest(keys=keys)))
 
     async def append(
         self,
