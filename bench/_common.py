@@ -9,6 +9,7 @@ work: interpreter start-up and imports are not counted as parsing.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import json
@@ -18,8 +19,10 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,6 +219,7 @@ def machine_info() -> dict[str, Any]:
         "loadavg_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
     info["cpu_probe_ms"] = cpu_probe_ms()
+    info["handoff_probe_us"] = handoff_probe_us()
     info["git_head"] = _git_head()
     for dist in ("lxml", "resync", "rsnotify"):
         info[f"{dist}_version"] = _version(dist)
@@ -249,6 +253,51 @@ def cpu_probe_ms(rounds: int = 5) -> float:
     return best * 1000
 
 
+def handoff_probe_us(round_trips: int = 1000, rounds: int = 3) -> dict[str, float]:
+    """CPU (us, all threads) of one thread-pool round trip from an event loop.
+
+    ``run_in_executor`` of a function that does nothing: what the subscriber
+    pays each time it hands work to its writer, resource-store or cursor
+    thread and is woken with the result (a few per change at low rates, where
+    there is no batch to share them).  On this VM one costs 71-100 us with
+    the loop and the thread on one CPU and 154-200 us across two (session
+    45), so per-change figures of two machines with the same CPU probe may
+    still differ by it.  ``one_cpu``: both on the lowest CPU this process
+    may use; ``all_cpus``: as scheduled.  Best of ``rounds``.
+    """
+    from .cpusides import on_cpus
+
+    def probe() -> float:
+        async def measure() -> float:
+            loop = asyncio.get_running_loop()
+            with ThreadPoolExecutor(1) as pool:
+                await loop.run_in_executor(pool, int)  # the thread exists before timing
+                best = float("inf")
+                for _ in range(rounds):
+                    started = time.process_time()
+                    for _ in range(round_trips):
+                        await loop.run_in_executor(pool, int)
+                    best = min(best, (time.process_time() - started) / round_trips)
+            return best * 1e6
+
+        return asyncio.run(measure())
+
+    def in_thread() -> float:
+        # A thread of its own: no event loop running there, whoever calls this;
+        # it (and the pool's thread) inherit the affinity it was started with.
+        result: list[float] = []
+        thread = threading.Thread(target=lambda: result.append(probe()))
+        thread.start()
+        thread.join()
+        if not result:
+            raise RuntimeError("the handoff probe failed (see the thread's traceback)")
+        return result[0]
+
+    with on_cpus({min(os.sched_getaffinity(0))}):
+        one_cpu = in_thread()
+    return {"one_cpu": round(one_cpu, 1), "all_cpus": round(in_thread(), 1)}
+
+
 def warn_about_machine(info: dict[str, Any], effect: str) -> None:
     """Print the CPU probe, and a warning when other work loads the machine (``effect``)."""
     print(
@@ -256,6 +305,13 @@ def warn_about_machine(info: dict[str, Any], effect: str) -> None:
         "lower is faster; compare it before comparing figures across days)",
         flush=True,
     )
+    handoff = info.get("handoff_probe_us")
+    if handoff:
+        print(
+            f"machine: a thread-pool round trip costs {handoff['one_cpu']:.0f} us of CPU on "
+            f"one CPU, {handoff['all_cpus']:.0f} us across CPUs (bench._common.handoff_probe_us)",
+            flush=True,
+        )
     load = info["loadavg_1_5_15"]
     if load and load[0] > 0.5:
         print(

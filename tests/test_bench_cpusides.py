@@ -42,3 +42,14 @@ def test_a_process_started_inside_runs_on_those_cpus_and_the_thread_gets_its_own
     assert os.sched_getaffinity(0) == before
     with on_cpus(None):  # shared: nothing changes
         assert os.sched_getaffinity(0) == before
+
+
+async def test_the_handoff_probe_measures_from_inside_a_running_loop_and_leaves_affinity() -> None:
+    """``machine_info`` may be called by a bench that already runs an event loop."""
+    from bench._common import handoff_probe_us
+
+    before = os.sched_getaffinity(0)
+    probe = handoff_probe_us(round_trips=50, rounds=2)
+    assert set(probe) == {"one_cpu", "all_cpus"}
+    assert all(0 < us < 1_000_000 for us in probe.values()), probe
+    assert os.sched_getaffinity(0) == before
