@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
 import pytest
@@ -1107,6 +1108,46 @@ def test_a_batch_fsyncs_its_temp_files_at_the_same_time(
         f"body {i}".encode() for i in range(8)
     ]
     assert temp_files(tmp_path / "mirror") == []
+
+
+def test_the_writer_fsyncs_one_share_itself_beside_the_flushers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of two hands one file to a flusher and fsyncs the other itself, at once.
+
+    The writer would only wait meanwhile, and each job is a thread wake-up
+    (bench._common.handoff_probe_us: 70-200 us of CPU on the bench VM).  Both
+    fsyncs meet at a barrier: the writer's own is concurrent, not after.
+    """
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from rsnotify.subscriber.mirror import commit as module
+    from rsnotify.subscriber.mirror.durability import DirSyncer
+
+    class Counting(ThreadPoolExecutor):
+        submitted = 0
+
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+            Counting.submitted += 1
+            return super().submit(fn, *args, **kwargs)
+
+    items, strategy = _staged_batch(tmp_path / "mirror", 2)
+    temps = {os.fstat(item.fd).st_ino for item in items}
+    together = threading.Barrier(2, timeout=10)
+    real_fsync = os.fsync
+    callers: set[str] = set()
+
+    def fsync(fd: int) -> None:
+        if os.fstat(fd).st_ino in temps:
+            together.wait()
+            callers.add(threading.current_thread().name)
+        real_fsync(fd)
+
+    monkeypatch.setattr(module.os, "fsync", fsync)
+    with Counting(16, thread_name_prefix="flusher") as pool:
+        assert module.commit(items, strategy, DirSyncer(), (pool, 16)) == [True] * 2
+    assert Counting.submitted == 1
+    assert threading.current_thread().name in callers and len(callers) == 2
 
 
 def test_a_failed_fsync_fails_only_its_own_write(
