@@ -426,11 +426,13 @@ class RedisLog(NotificationLog):
                 if keep is not None:
                     await self._call(self._redis.xtrim(log, minid=keep[0], approximate=False))
                     break
-                if len(rows) < 500:  # everything is older than the cutoff
+                if len(rows) < 500:  # everything scanned is older than the cutoff
                     if rows:
-                        head = await self.head(collection)
+                        # Up to the last one scanned, not the head read now: an
+                        # append landing since the scan would go unpushed.
+                        last = _seq(rows[-1][0])
                         await self._call(
-                            self._redis.xtrim(log, minid=f"{head + 1}-0", approximate=False)
+                            self._redis.xtrim(log, minid=f"{last + 1}-0", approximate=False)
                         )
                     break
                 start = f"({_seq(rows[-1][0])}-0"
