@@ -17,7 +17,19 @@ from websockets.asyncio.client import connect
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.transport.ws import WebSocketGateway
 from tests.devstack import Redis, async_wait_for, wait_for
-from tests.test_transport_ws import C1, CAP1, append, assert_dense, reached, recv_until, url
+from tests.test_transport_ws import (
+    C1,
+    C2,
+    CAP1,
+    CAP2,
+    append,
+    assert_dense,
+    notifications,
+    reached,
+    recv,
+    recv_until,
+    url,
+)
 
 
 def _replica_in_sync(primary: Redis) -> bool:
@@ -120,7 +132,9 @@ async def test_a_replay_waits_for_seqs_a_failover_left_held_back_and_never_skips
     The promoted replica holds 6..10 back (the release that made them
     visible on the old primary was lost with it): the log ends at 5, the head
     is 10.  ``skipped`` would tell the client 8..10 are gone for good; they
-    are not, and arrive once the publisher settles the collection.
+    are not, and arrive once the publisher settles the collection.  The same
+    connection follows a second collection, which goes on meanwhile (with its
+    heartbeats: a client's other collections must not wait with it).
     """
     primary, replica = _pair(redis_factory)
     async with (
@@ -128,6 +142,7 @@ async def test_a_replay_waits_for_seqs_a_failover_left_held_back_and_never_skips
         RedisLog(primary.url) as reader,
     ):
         await writer.register(C1, CAP1)
+        await reader.register(C2, CAP2)
         await append(writer, C1, 5)
         await replica.async_stop()
         held = asyncio.create_task(append(writer, C1, 5))  # 6..10, staged: no replica acks
@@ -138,24 +153,36 @@ async def test_a_replay_waits_for_seqs_a_failover_left_held_back_and_never_skips
         await async_wait_for(staged, message="nothing staged")
         held.cancel()
         assert [r.seq for r in await reader.read(C1, 0)] == [1, 2, 3, 4, 5]
-        gateway = WebSocketGateway(reader)
+        gateway = WebSocketGateway(reader, heartbeat=0.5)
         await gateway.start()
         try:
-            async with connect(url(gateway, f"/{C1}?since=7")) as ws:
-                hello = json.loads(await ws.recv())
-                assert (hello["type"], hello["head"], hello["earliest"]) == ("hello", 10, 1)
+            async with connect(url(gateway)) as ws:
+                await ws.send(json.dumps({"type": "subscribe", "collections": {C1: 7, C2: 0}}))
+                hellos = {f["collection"]: f for f in [await recv(ws), await recv(ws)]}
+                assert (hellos[C1]["head"], hellos[C1]["earliest"]) == (10, 1)
 
                 async def waiting() -> bool:
                     return gateway.replay_waits > 0
 
                 await async_wait_for(waiting, message="the replay never found the log behind")
+                await append(reader, C2, 3)  # not held back: this log waits for no replica
+                other = await recv_until(
+                    ws,
+                    lambda fs: (
+                        len(notifications(fs, C2)) == 3
+                        and any(f["type"] == "heartbeat" and f["collection"] == C2 for f in fs)
+                    ),
+                    timeout=10,
+                )
+                assert gateway.replay_waits > 1, "C1 stopped looking"
                 await replica.async_start()
                 await writer.settle(C1)  # what a publisher does when it reloads the head
-                frames = await recv_until(ws, reached(C1, 10))
+                frames = other + await recv_until(ws, reached(C1, 10))
         finally:
             await gateway.stop()
-    assert [f["type"] for f in frames] == ["notification"] * 3, frames
-    assert_dense(frames, 7, 10)
+    assert {f["type"] for f in frames} == {"notification", "heartbeat"}, frames
+    assert_dense(notifications(frames, C1), 7, 10)
+    assert_dense(notifications(frames, C2), 0, 3)
 
 
 async def test_earliest_never_passes_entries_on_their_way_from_held_back_to_the_log(

@@ -114,8 +114,10 @@ logger = logging.getLogger(__name__)
 TAIL_BATCH = 500
 #: Records per ``log.read`` of a replaying client (bounds its memory).
 REPLAY_BATCH = 100
-#: Seconds a replay waits at once for records the log holds back (see ``_replay``).
-REPLAY_WAIT = 1.0
+#: Seconds before a replay looks again for records the log holds back (see ``_replay``).
+REPLAY_RETRY = 0.5
+#: Seconds between two warnings that replays of one collection wait for such records.
+LOG_BEHIND_WARN_EVERY = 60.0
 #: Frames one client sends for one collection before the others get a turn.
 PUMP_BUDGET = 64
 #: How long a tailer whose ring is full waits for its fastest client to make
@@ -206,6 +208,7 @@ class WebSocketGateway:
         self._ssl_context = ssl_context  # wss:// when set (see server_tls_context)
         self.replayed = 0  # records sent from the log rather than the ring (a cost metric)
         self.replay_waits = 0  # replays that found the log behind the tailer (see _replay)
+        self._log_behind_warned: dict[str, float] = {}  # collection -> next warning (loop time)
         self._shared_before = 0  # shared frames written by feeds that have ended
         self._server: Server | None = None
         self._refresher: asyncio.Task[None] | None = None
@@ -508,8 +511,12 @@ class WebSocketGateway:
             if busy:
                 await asyncio.sleep(0)  # a fast client must not starve the others
                 continue
+            until = next_beat
+            if client.log_behind:  # nothing wakes us when those records arrive: look again
+                client.log_behind = False
+                until = min(until, loop.time() + REPLAY_RETRY)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.0, next_beat - loop.time())):
+                async with asyncio.timeout(max(0.0, until - loop.time())):
                     await client.wake.wait()
 
     async def _pump(self, ws: ServerConnection, stream: Stream) -> bool:
@@ -529,8 +536,8 @@ class WebSocketGateway:
             elif action == wsproto.SKIP:
                 first, resume = cursor.skip_to(feed.position + 1)
                 await ws.send(wsproto.skipped(cursor.collection, first, resume))
-            else:
-                await self._replay(ws, stream)
+            elif not await self._replay(ws, stream):
+                return done > 0
         return True
 
     async def _deliver(self, ws: ServerConnection, cursor: SendCursor, item: FeedItem) -> None:
@@ -552,41 +559,34 @@ class WebSocketGateway:
         except Exception:
             logger.exception("on_published callback failed")
 
-    async def _replay(self, ws: ServerConnection, stream: Stream) -> None:
-        """One batch from the log for a client that is behind the ring.
+    async def _replay(self, ws: ServerConnection, stream: Stream) -> bool:
+        """One batch from the log for a client that is behind the ring; False if none yet.
 
         The log holding nothing after the client's position means one of two
         things.  Retention trimmed it (the log starts beyond the position):
-        the client is told ``skipped`` up to the ring.  Or the log is behind
-        what this gateway's tailer read: a Redis failover lost the release of
-        entries that were held back until replicated (see
-        :mod:`rsnotify.log.redis_log`); the promoted replica has them, held
-        back, under the same seqs, and releases them when the publisher
-        settles the collection or appends again.  Those are waited for, never
-        skipped: ``skipped`` tells a client that notifications are gone for
-        good, and it would resubscribe past them.
+        the client is told ``skipped`` up to what is left.  Or the records are
+        not in the log *yet*: with ``--redis-wait-replicas`` an append is held
+        back until replicated, while the head the tailer started from already
+        counts it, and after a Redis failover the promoted replica may hold
+        back again what the old primary had released and gateways had pushed
+        (see :mod:`rsnotify.log.redis_log`).  Those come, under the same seqs,
+        and are never skipped: ``skipped`` tells a client they are gone for
+        good, and it would resubscribe past them.  The writer looks again
+        after :data:`REPLAY_RETRY` (a read, not a blocking wait: a waiting
+        client holds no connection, and its other collections go on).
         """
         cursor, feed = stream.cursor, stream.feed
         records = await self.log.read(cursor.collection, cursor.position, limit=REPLAY_BATCH)
         if not records:
-            if await self.log.earliest(cursor.collection) > cursor.position + 1:
-                # everything before the ring is gone from the log
-                first, resume = cursor.skip_to(feed.window_start)
+            earliest = await self.log.earliest(cursor.collection)
+            if earliest > cursor.position + 1:  # trimmed: skip to what the log still has
+                first, resume = cursor.skip_to(min(earliest, feed.window_start))
                 await ws.send(wsproto.skipped(cursor.collection, first, resume))
-                return
+                return True
             self.replay_waits += 1
-            if self.replay_waits == 1 or self.replay_waits % 100 == 0:
-                logger.warning(
-                    "%s: the log holds nothing after seq %d though its head is %d "
-                    "(held back after a failover?); the client waits for them (%d waits)",
-                    cursor.collection,
-                    cursor.position,
-                    feed.position,
-                    self.replay_waits,
-                )
-            records = await self.log.wait(
-                cursor.collection, cursor.position, timeout=REPLAY_WAIT, limit=REPLAY_BATCH
-            )
+            stream.client.log_behind = True
+            self._warn_log_behind(cursor.collection, cursor.position)
+            return False
         self.replayed += len(records)
         for record in records:
             if record.seq <= cursor.position:
@@ -595,6 +595,22 @@ class WebSocketGateway:
                 first, resume = cursor.skip_to(record.seq)
                 await ws.send(wsproto.skipped(cursor.collection, first, resume))
             await self._deliver(ws, cursor, self._render(cursor.collection, record))
+        return True
+
+    def _warn_log_behind(self, collection: str, position: int) -> None:
+        """Say (once per ``LOG_BEHIND_WARN_EVERY`` per collection) that a replay waits."""
+        now = asyncio.get_running_loop().time()
+        if now < self._log_behind_warned.get(collection, float("-inf")):
+            return
+        self._log_behind_warned[collection] = now + LOG_BEHIND_WARN_EVERY
+        logger.warning(
+            "%s: a client waits for records after seq %d that are not in the log yet "
+            "(held back until replicated, or released again after a failover); "
+            "%d such wait(s) so far",
+            collection,
+            position,
+            self.replay_waits,
+        )
 
     # -- tailers -------------------------------------------------------------------
 

@@ -93,6 +93,7 @@ class Client:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     streams: list[Stream] = field(default_factory=list)
     running: bool = False  # its writer runs: every hello is out, notifications may follow
+    log_behind: bool = False  # a replay found its records not in the log yet: look again soon
 
 
 @dataclass(slots=True, eq=False)
