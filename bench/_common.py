@@ -263,7 +263,8 @@ def handoff_probe_us(round_trips: int = 1000, rounds: int = 3) -> dict[str, floa
     the loop and the thread on one CPU and 154-200 us across two (session
     45), so per-change figures of two machines with the same CPU probe may
     still differ by it.  ``one_cpu``: both on the lowest CPU this process
-    may use; ``all_cpus``: as scheduled.  Best of ``rounds``.
+    may use; ``all_cpus``: as scheduled.  Best of ``rounds``.  Empty where
+    CPU affinity cannot be set (not Linux).
     """
     from .cpusides import on_cpus
 
@@ -286,13 +287,23 @@ def handoff_probe_us(round_trips: int = 1000, rounds: int = 3) -> dict[str, floa
         # A thread of its own: no event loop running there, whoever calls this;
         # it (and the pool's thread) inherit the affinity it was started with.
         result: list[float] = []
-        thread = threading.Thread(target=lambda: result.append(probe()))
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(probe())
+            except BaseException as exc:  # raised again in the caller's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=run)
         thread.start()
         thread.join()
-        if not result:
-            raise RuntimeError("the handoff probe failed (see the thread's traceback)")
+        if failure:
+            raise RuntimeError(f"the handoff probe failed: {failure[0]!r}") from failure[0]
         return result[0]
 
+    if not hasattr(os, "sched_getaffinity"):  # not Linux: no way to pin the probe
+        return {}
     with on_cpus({min(os.sched_getaffinity(0))}):
         one_cpu = in_thread()
     return {"one_cpu": round(one_cpu, 1), "all_cpus": round(in_thread(), 1)}

@@ -1,9 +1,10 @@
 """The WebSocket gateway over real connections and real logs, and its pure protocol.
 
-Why one module of ~760 lines: every gateway test uses the ``log`` and ``gateways`` fixtures
-and the frame helpers (``recv``, ``recv_until``, ``append``); the pure
-:mod:`~rsnotify.transport.wsproto` tests at the end share none of that and could stand
-alone, but sit beside the gateway that speaks the protocol they pin down.
+Why one module of ~760 lines: the gateway tests share the ``gateways`` fixture, the frame
+helpers (``recv``, ``recv_until``, ``append``) and, all but one (two gateways on one
+Redis), the ``log`` fixture; the pure :mod:`~rsnotify.transport.wsproto` tests at the end
+share none of that and could stand alone, but sit beside the gateway that speaks the
+protocol they pin down.
 
 Clients here are plain ``websockets`` connections that parse frames with
 ``json`` themselves, so the gateway is checked against the protocol as

@@ -2,8 +2,8 @@
 
 Why one module of ~530 lines: it tests one component, the WebSub hub, through one ``hub``
 fixture (its ring and limits sized for these tests), the ``Callback`` server and the
-``request``/``subscribe`` helpers; most of the issue 22.2 guards are checked on that same
-hub, the same way as the behaviours they guard.
+``request``/``subscribe`` helpers; the issue 22.2 guards follow, two of them on that same
+hub and the others on a hub, store or parser of their own, beside the behaviours they guard.
 
 Bad requests (400), refusal of an unknown topic, a callback that does not
 echo the challenge, unsubscription, ``410 Gone``, and ``gap_too_old`` when a
