@@ -542,8 +542,10 @@ class MqttPusher:
     async def _publish_heads(self, epoch: int) -> bool:
         for lane in list(self._window.lanes.values()):
             try:
-                head = await self.log.head(lane.collection)
+                # earliest before head (as the WebSocket hello): then earliest <= head + 1
+                # even if retention trims in between.
                 earliest = await self.log.earliest(lane.collection)
+                head = await self.log.head(lane.collection)
             except LogUnavailable as exc:
                 logger.warning("MQTT: cannot read the head of %s: %s", lane.collection, exc)
                 return False
