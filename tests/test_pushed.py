@@ -1,12 +1,20 @@
-"""The reconciliation rule after a failover (issue 19), as pure code: rsnotify.publisher.pushed."""
+"""The reconciliation rule after a failover (issue 19): as pure code (rsnotify.publisher.pushed),
+and the sequencer reading a real log for it."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rsnotify.log import Retention
+from rsnotify.log.sqlite_log import SQLiteLog
+from rsnotify.metrics import PublisherMetrics
 from rsnotify.publisher.pushed import PushedWindow, Refuse, Rewrite
+from rsnotify.publisher.sequencer import Sequencer
 
 
 def window(high: int, capacity: int = 100) -> PushedWindow:
@@ -91,3 +99,37 @@ def test_after_reconciling_no_pushed_seq_means_another_entry(
     assert head >= w.high
     for seq in range(max(w.low, earliest), w.high + 1):
         assert log[seq] == w.held(seq)
+
+
+async def test_reconcile_does_not_take_a_trim_beside_it_for_a_loss(tmp_path: Path) -> None:
+    """Retention runs beside the sequencer (keep_retention); a reload reconciles meanwhile.
+
+    The reconciliation read ``earliest``, then the entries: a trim landing
+    between the two removed seqs it still expected, and the collection
+    stopped with LogDiverged ("the log holds nothing at seq 3, which was
+    pushed").  Here the trim lands exactly there, on a real SQLite log.
+    """
+
+    class TrimmedAfterEarliest(SQLiteLog):
+        trims = 0
+
+        async def earliest(self, collection: str) -> int:
+            earliest = await super().earliest(collection)
+            if not self.trims:  # the retention task's turn, once
+                self.trims += 1
+                await self.trim(collection, Retention(max_len=6, max_age_s=None), 0)
+            return earliest
+
+    log = TrimmedAfterEarliest(tmp_path / "log.sqlite3")
+    try:
+        sequencer = Sequencer(
+            log, PublisherMetrics(), batch=10, retention=Retention(max_len=None, max_age_s=None)
+        )
+        payloads = [f"e{seq}".encode() for seq in range(1, 11)]
+        assert await log.append("c", payloads, expected_head=0, checkpoint="cp10") == 10
+        sequencer.pushed["c"] = window(10)
+        await sequencer.reconcile(SimpleNamespace(id="c"))  # type: ignore[arg-type]
+        assert log.trims == 1
+        assert [r.seq for r in await log.read("c", 0)] == [5, 6, 7, 8, 9, 10]
+    finally:
+        await log.close()

@@ -220,3 +220,44 @@ async def test_earliest_never_passes_entries_on_their_way_from_held_back_to_the_
             assert await appending == 2
         assert wrong == [], f"{len(wrong)} wrong of {polls} reads: {wrong[:5]}"
         assert polls >= 2 * len(collections)
+
+
+async def test_settle_releases_leftovers_without_replicas_and_a_release_stops_at_its_own_wait(
+    redis_server: Redis,
+) -> None:
+    """Two rules of the release (rsnotify.log.redis_log).
+
+    A run with ``--redis-wait-replicas 1`` that stopped while waiting leaves
+    entries held back; a later run with 0 must still release them (it used
+    to skip ``settle`` altogether).  And a release moves only up to the seq
+    its WAIT covered: what another writer staged after stays held back
+    (a deposed leader's late release must not push its successor's
+    unreplicated entries).
+    """
+    async with RedisLog(redis_server.url, wait_replicas=1, wait_timeout=0.1) as dying:
+        stuck = asyncio.create_task(
+            dying.append("c", [b"a", b"b"], expected_head=0, checkpoint="2")
+        )
+
+        async def staged() -> bool:
+            return await dying.head("c") == 2
+
+        await async_wait_for(staged, message="nothing staged")  # no replica ever acks
+        stuck.cancel()
+    async with RedisLog(redis_server.url) as log:
+        assert await log.read("c", 0) == []
+        await log.settle("c")
+        assert [r.data for r in await log.read("c", 0)] == [b"a", b"b"]
+        # Entries 3..4 staged by one writer, 5..6 by another after the first's WAIT.
+        client = redis_server.client()
+        try:
+            for seq in range(3, 7):
+                client.xadd("rsn:{c}:pending", {"d": b"x%d" % seq, "t": 0}, id=f"{seq}-0")
+            await log._release(keys=["rsn:{c}:log", "rsn:{c}:pending"], args=["", 4])
+            assert [r.seq for r in await log.read("c", 0)] == [1, 2, 3, 4]
+            assert [int(i.split(b"-")[0]) for i, _ in client.xrange("rsn:{c}:pending")] == [5, 6]
+            await log._release(keys=["rsn:{c}:log", "rsn:{c}:pending"], args=["", 6])
+            assert [r.seq for r in await log.read("c", 0)] == [1, 2, 3, 4, 5, 6]
+            assert client.exists("rsn:{c}:pending") == 0
+        finally:
+            client.close()

@@ -37,7 +37,9 @@ that may be lost is ever pushed.  The detection loop is held up meanwhile,
 which is the point (back-pressure, not a growing backlog of unsafe entries).
 Entries left pending by a publisher that died, or by a release that a
 failover lost, are released by :meth:`settle`, which a publisher calls
-whenever it (re)loads a collection's head: the pending entries are
+whenever it (re)loads a collection's head and once a minute beside
+retention; a release moves only what its own ``WAIT`` covered (``upto``),
+never what another writer staged meanwhile.  The pending entries are
 consistent with the head and checkpoint beside them (one script wrote all
 three), so releasing them after replication is always right.
 """
@@ -124,22 +126,29 @@ return head
 """
 )
 
-# KEYS: log, pending.  ARGV: max_len ('' = none).  Move what is pending to the log,
-# same ids, skipping any the log already holds (a release repeated after a failover).
+# KEYS: log, pending.  ARGV: max_len ('' = none), upto.  Move what is pending up to
+# seq ``upto`` to the log, same ids, skipping any the log already holds (a release
+# repeated after a failover).  Only up to what the caller saw replicated: entries
+# another writer staged meanwhile (a deposed leader's late release, a settle
+# beside an append) stay held back until their own WAIT.
 _RELEASE = """
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local after = 0
 if #last > 0 then
   after = tonumber(string.match(last[1][1], '^(%d+)'))
 end
+local upto = tonumber(ARGV[2])
 local moved = 0
-for _, row in ipairs(redis.call('XRANGE', KEYS[2], '-', '+')) do
+for _, row in ipairs(redis.call('XRANGE', KEYS[2], '-', upto .. '-0')) do
   if tonumber(string.match(row[1], '^(%d+)')) > after then
     redis.call('XADD', KEYS[1], row[1], unpack(row[2]))
     moved = moved + 1
   end
 end
-redis.call('DEL', KEYS[2])
+redis.call('XTRIM', KEYS[2], 'MINID', (upto + 1) .. '-0')
+if redis.call('XLEN', KEYS[2]) == 0 then
+  redis.call('DEL', KEYS[2])
+end
 if ARGV[1] ~= '' then
   redis.call('XTRIM', KEYS[1], 'MAXLEN', tonumber(ARGV[1]))
 end
@@ -336,15 +345,17 @@ class RedisLog(NotificationLog):
             if "RSN_FENCED" in text:
                 raise Fenced(f"{collection}: fencing token {fence} is stale") from None
             raise
-        await self._release_when_replicated(collection, int(acked), max_len)
+        await self._release_when_replicated(collection, int(acked), max_len, int(head))
         return int(head)
 
     async def _release_when_replicated(
-        self, collection: str, acked: int | None, max_len: int | None
+        self, collection: str, acked: int | None, max_len: int | None, upto: int
     ) -> None:
         """Wait (probe write + WAIT) until enough replicas hold what is pending; release it.
 
         ``acked``: what the append's own WAIT said (None: nothing asked yet).
+        ``upto``: the last seq written before that WAIT (or the probe): what
+        is released, and no more.
         """
         log, meta, _ = _keys(collection)
         held_since = next_warning = time.monotonic()
@@ -368,17 +379,22 @@ class RedisLog(NotificationLog):
                 _, acked = await self._call(pipe.execute())
         await self._call(
             self._release(
-                keys=[log, _pending_key(collection)], args=["" if max_len is None else max_len]
+                keys=[log, _pending_key(collection)],
+                args=["" if max_len is None else max_len, upto],
             )
         )
 
     async def settle(self, collection: str) -> None:
-        """Release entries left pending (a publisher died, a failover lost a release)."""
-        if not self.wait_replicas:
+        """Release entries left pending (a publisher died, a failover lost a release).
+
+        Also with ``wait_replicas`` 0 (no wait then): entries a run with
+        replicas left behind would otherwise stay unpushed for good.
+        """
+        last = await self._call(self._redis.xrevrange(_pending_key(collection), "+", "-", count=1))
+        if not last:
             return
-        if not await self._call(self._redis.exists(_pending_key(collection))):
-            return
-        await self._release_when_replicated(collection, None, None)
+        # What is pending now was written before the probe below: its WAIT covers it.
+        await self._release_when_replicated(collection, None, None, _seq(last[0][0]))
 
     async def checkpoint(self, collection: str) -> str | None:
         _, meta, _ = _keys(collection)

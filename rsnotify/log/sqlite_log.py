@@ -132,12 +132,14 @@ class SQLiteLog(NotificationLog):
         return [LogRecord(seq=int(s), data=bytes(d), logged_ms=int(t)) for s, d, t in rows]
 
     def _earliest(self, collection: str) -> int:
+        # One statement, so one snapshot: another process's append committed
+        # between two would make an empty log's earliest skip its first entry.
         row = self._sql.db.execute(
-            "SELECT MIN(seq) FROM log WHERE collection=?", (collection,)
+            "SELECT COALESCE((SELECT MIN(seq) FROM log WHERE collection=?),"
+            " (SELECT head FROM meta WHERE collection=?) + 1, 1)",
+            (collection, collection),
         ).fetchone()
-        if row and row[0] is not None:
-            return int(row[0])
-        return self._head(collection) + 1
+        return int(row[0])
 
     def _trim(self, collection: str, retention: Retention, now_ms: int) -> int:
         db = self._sql.db

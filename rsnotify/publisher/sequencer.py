@@ -90,8 +90,12 @@ class Sequencer:
         """
         await self.log.settle(collection.id)
         await self.reconcile(collection)
+        # Head before checkpoint: a deposed leader's late append landing between
+        # the two then shows as a conflict at our next append (and a reload),
+        # where the other order would have us log its entries a second time.
+        head = await self.log.head(collection.id)
         checkpoint = Checkpoint.from_json(await self.log.checkpoint(collection.id))
-        collection.head = await self.log.head(collection.id)
+        collection.head = head
         collection.last_change = None  # what another publisher logged is not known here
         collection.watcher.reset(checkpoint)
 
@@ -118,6 +122,9 @@ class Sequencer:
                 break
             logged.update((r.seq, r.data) for r in records if r.seq <= last)
             after = records[-1].seq
+        # Retention runs beside this (keep_retention): what it trimmed while we
+        # read was trimmed, not lost, and must not read as a divergence.
+        earliest = max(earliest, await backend.earliest(collection.id))
         verdict = window.reconcile(head, earliest, logged)
         if isinstance(verdict, Rewrite):
             await self.log.append(
@@ -236,8 +243,9 @@ class Sequencer:
         assert collection.framework is not None
         stream = framework.stream(collection.id)
         await self.log.settle(stream)  # what a previous leader left held back (see reload)
+        head = await self.log.head(stream)  # before the checkpoint, as in reload
         collection.framework.state = FrameworkState.from_json(await self.log.checkpoint(stream))
-        collection.framework_head = await self.log.head(stream)
+        collection.framework_head = head
 
     async def log_framework(
         self, collection: CollectionState, state: FrameworkState, changes: list[FrameworkChange]
@@ -274,11 +282,18 @@ class Sequencer:
     async def keep_retention(
         self, collections: Mapping[str, CollectionState], stopping: asyncio.Event
     ) -> None:
-        """Apply age retention and refresh the earliest-seq gauges once a minute."""
+        """Apply age retention and refresh the earliest-seq gauges once a minute.
+
+        And release what the log holds back and nobody else will: entries a
+        publisher that stopped while waiting for replicas left behind, or a
+        failover's lost release, in a collection quiet enough that no append
+        (and no reload) comes to release them.
+        """
         while not stopping.is_set():
             raise_if_cancelled()  # the log's Redis client may have swallowed a cancellation
             for collection in list(collections.values()):
                 with contextlib.suppress(LogUnavailable):
+                    await self.log.settle(collection.id)
                     earliest = await self.log.trim(
                         collection.id, self.retention, int(time.time() * 1000)
                     )
