@@ -17,6 +17,7 @@ for an unknown topic, a bounded Redis pool, quoted log lines, bounded pages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -247,6 +248,71 @@ async def test_unsubscribe_and_410_end_a_subscription(hub: WebSubHub, callback: 
     await append(hub, 1)
     await asyncio.sleep(0.5)  # scenario time: a removed subscription gets nothing more
     assert callback.seqs() == [1, 2, 3]
+
+
+async def test_two_subscribe_requests_verified_at_once_make_one_subscription(
+    tmp_path: Path, redis_server: Redis
+) -> None:
+    """A client that sends its subscribe twice (a retry) gets one subscription, not two.
+
+    The callback holds the first challenge until the second arrives, so both
+    verifications would be under way together: each found no subscription
+    and added one, and the first's delivery task went on unreachable (every
+    change POSTed twice, and after an unsubscribe too).  Verifications of one
+    (topic, callback) now take turns.
+    """
+
+    class Held(Callback):
+        async def _get(self, request: web.Request) -> web.Response:
+            self.gets.append(dict(request.query))
+            if len(self.gets) == 1:
+                # The second challenge comes while this one waits (two verifications
+                # at once), or not before it is answered (they take turns).
+                with contextlib.suppress(AssertionError):
+                    await async_wait_for(lambda: len(self.gets) > 1, timeout=2)
+            return web.Response(text=request.query.get("hub.challenge", ""))
+
+    class Remote(RedisStore):
+        """The Redis store as if across a network: a save takes 50 ms (a latency, not a wait)."""
+
+        async def save(self, sub: Subscription) -> None:
+            await asyncio.sleep(0.05)
+            await super().save(sub)
+
+    log = SQLiteLog(tmp_path / "log.sqlite3")
+    await log.register(COLLECTION, CAPABILITY_LIST)
+    hub = WebSubHub(
+        log,
+        Remote(redis_server.url),
+        changelists={COLLECTION: CHANGELIST},
+        allow_callbacks=LOOPBACK,
+    )
+    await hub.start()
+    cb = Held()
+    await cb.start()
+    try:
+        fields = {"hub_topic": hub.topic(COLLECTION), "hub_callback": cb.url}
+        statuses = await asyncio.gather(
+            request(hub, hub_mode="subscribe", **fields),
+            request(hub, hub_mode="subscribe", **fields),
+        )
+        assert [status for status, _ in statuses] == [202, 202]
+        await async_wait_for(lambda: len(cb.gets) == 2, 10)
+        await async_wait_for(lambda: [s.callback for s in hub.subscriptions()] == [cb.url], 10)
+        await append(hub, 3)
+        await async_wait_for(lambda: cb.seqs() == [1, 2, 3], 10)
+        status, _ = await request(hub, hub_mode="unsubscribe", **fields)
+        assert status == 202
+        await async_wait_for(lambda: not hub.subscriptions(), 10)
+        await append(hub, 1)
+        # Deliveries run per subscription: one left running would have POSTed 1..3 twice
+        # by now, and 4 after the unsubscribe.  Ask the hub who is still reading the log.
+        await async_wait_for(lambda: not hub._tailers, 10, message="a delivery task reads on")
+        assert cb.seqs() == [1, 2, 3]
+    finally:
+        await cb.stop()
+        await hub.stop()
+        await log.close()
 
 
 async def test_a_callback_back_after_the_retention_gets_gap_too_old_then_the_rest_in_order(

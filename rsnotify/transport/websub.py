@@ -117,6 +117,14 @@ _Tailer = LogTail[RenderedChange, "_Sub"]
 
 
 @dataclass(eq=False)
+class _KeyLock:
+    """The lock of one (collection, callback), and the verifications holding or awaiting it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
+@dataclass(eq=False)
 class _Sub:
     sub: Subscription
     delivery: Delivery
@@ -184,6 +192,7 @@ class WebSubHub:
         # collection -> callable giving the body to serve to the next GET.
         self.handoff: dict[str, Callable[[], bytes | None]] = {}
         self._verifying = asyncio.Semaphore(VERIFY_CONCURRENCY)
+        self._key_locks: dict[tuple[str, str], _KeyLock] = {}  # per (collection, callback)
         self._subs: dict[tuple[str, str], _Sub] = {}
         self._tailers: dict[str, _Tailer] = {}
         self._collections: dict[str, str] = {}
@@ -436,8 +445,15 @@ class WebSubHub:
         assert collection is not None
         key = (collection, request.callback)
         active = False
+        # One verification per subscription at a time: two that both found no
+        # subscription and both added one left the first's delivery task
+        # running, unreachable (every change POSTed twice, and on after an
+        # unsubscribe).  The key's lock before a verification slot: a request
+        # waiting for its twin holds no slot.
+        entry = self._key_locks.setdefault(key, _KeyLock())
+        entry.users += 1
         try:
-            async with self._verifying:
+            async with entry.lock, self._verifying:
                 active = await self._verify_intent(request, client, key)
         except asyncio.CancelledError:
             raise
@@ -451,6 +467,9 @@ class WebSubHub:
         except Exception:  # never let one request take the hub down; say which
             logger.exception("verifying %s failed", quote(request.callback))
         finally:
+            entry.users -= 1
+            if not entry.users:
+                del self._key_locks[key]
             if counted and not active:
                 self.admission.remove(client, request.callback)
 
