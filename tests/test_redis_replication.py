@@ -12,9 +12,13 @@ import asyncio
 import json
 from collections.abc import Callable
 
+import aiohttp
 from websockets.asyncio.client import connect
 
 from rsnotify.log.redis_log import RedisLog
+from rsnotify.transport.websub import WebSubHub
+from rsnotify.transport.websubproto import HEAD_HEADER
+from rsnotify.transport.websubstore import MemoryStore
 from rsnotify.transport.ws import WebSocketGateway
 from tests.devstack import Redis, async_wait_for, wait_for
 from tests.test_transport_ws import (
@@ -125,47 +129,50 @@ async def test_with_no_replicas_asked_for_nothing_changes(redis_server: Redis) -
 
 
 async def test_a_replay_waits_for_seqs_a_failover_left_held_back_and_never_skips_them(
-    redis_factory: Callable[..., Redis],
+    redis_server: Redis,
 ) -> None:
     """A Destination that saw seqs 6..7 before a failover resumes with since=7.
 
-    The promoted replica holds 6..10 back (the release that made them
-    visible on the old primary was lost with it): the log ends at 5, the head
-    is 10.  ``skipped`` would tell the client 8..10 are gone for good; they
-    are not, and arrive once the publisher settles the collection.  The same
-    connection follows a second collection, which goes on meanwhile (with its
-    heartbeats: a client's other collections must not wait with it).
+    The gateway's tailer read 1..10 from the old primary; the promoted
+    replica holds 6..10 back (the release that made them visible was lost
+    with the old primary: set up here by hand, as that replica would hold
+    them), so the log ends at 5.  The ring keeps only 9..10, so 8 must come
+    from the log.  ``skipped`` would tell the client 8..10 are gone for
+    good; they are not, and arrive once the publisher settles the
+    collection.  The same connection follows a second collection, which goes
+    on meanwhile (with its heartbeats: a client's other collections must not
+    wait with it).
     """
-    primary, replica = _pair(redis_factory)
-    async with (
-        RedisLog(primary.url, wait_replicas=1, wait_timeout=0.1) as writer,
-        RedisLog(primary.url) as reader,
-    ):
-        await writer.register(C1, CAP1)
-        await reader.register(C2, CAP2)
-        await append(writer, C1, 5)
-        await replica.async_stop()
-        held = asyncio.create_task(append(writer, C1, 5))  # 6..10, staged: no replica acks
-
-        async def staged() -> bool:
-            return await reader.head(C1) == 10
-
-        await async_wait_for(staged, message="nothing staged")
-        held.cancel()
-        assert [r.seq for r in await reader.read(C1, 0)] == [1, 2, 3, 4, 5]
-        gateway = WebSocketGateway(reader, heartbeat=0.5)
+    async with RedisLog(redis_server.url) as log:
+        await log.register(C1, CAP1)
+        await log.register(C2, CAP2)
+        gateway = WebSocketGateway(log, heartbeat=0.5, queue_size=2)
         await gateway.start()
         try:
+            async with connect(url(gateway, f"/{C1}")) as first:
+                assert (await recv(first))["type"] == "hello"
+                await append(log, C1, 10)
+                await recv_until(first, reached(C1, 10))
+            client = redis_server.client()
+            try:  # the promoted replica: 1..5 in the log, 6..10 held back, same ids and entries
+                key, pending = f"rsn:{{{C1}}}:log", f"rsn:{{{C1}}}:pending"
+                rows = client.xrange(key)
+                client.delete(key)  # a stream remembers its last id: rebuild it
+                for seq_id, fields in rows:
+                    seq = int(seq_id.split(b"-")[0])
+                    client.xadd(key if seq <= 5 else pending, fields, id=seq_id)
+            finally:
+                client.close()
+            assert [r.seq for r in await log.read(C1, 0)] == [1, 2, 3, 4, 5]
             async with connect(url(gateway)) as ws:
                 await ws.send(json.dumps({"type": "subscribe", "collections": {C1: 7, C2: 0}}))
-                hellos = {f["collection"]: f for f in [await recv(ws), await recv(ws)]}
-                assert (hellos[C1]["head"], hellos[C1]["earliest"]) == (10, 1)
+                assert {(await recv(ws))["type"], (await recv(ws))["type"]} == {"hello"}
 
                 async def waiting() -> bool:
                     return gateway.replay_waits > 0
 
                 await async_wait_for(waiting, message="the replay never found the log behind")
-                await append(reader, C2, 3)  # not held back: this log waits for no replica
+                await append(log, C2, 3)
                 other = await recv_until(
                     ws,
                     lambda fs: (
@@ -175,8 +182,7 @@ async def test_a_replay_waits_for_seqs_a_failover_left_held_back_and_never_skips
                     timeout=10,
                 )
                 assert gateway.replay_waits > 1, "C1 stopped looking"
-                await replica.async_start()
-                await writer.settle(C1)  # what a publisher does when it reloads the head
+                await log.settle(C1)  # what a publisher does when it reloads the head
                 frames = other + await recv_until(ws, reached(C1, 10))
         finally:
             await gateway.stop()
@@ -261,3 +267,47 @@ async def test_settle_releases_leftovers_without_replicas_and_a_release_stops_at
             assert client.exists("rsn:{c}:pending") == 0
         finally:
             client.close()
+
+
+async def test_what_is_held_back_is_announced_by_no_transport(redis_server: Redis) -> None:
+    """Seqs 4..5 are assigned (the head is 5) but held back for a replica that never acks.
+
+    A reader can read up to 3, so that is the head every transport gives:
+    the WebSocket hello, the WebSub topic's head header (its body is entry
+    3), and the Atom feed, whose page of five is still open: served as an
+    archive (RFC 5005: "will not change") it would lack 4..5 for good.
+    """
+    async with (
+        RedisLog(redis_server.url) as log,
+        RedisLog(redis_server.url, wait_replicas=1, wait_timeout=0.1) as waiting,
+    ):
+        await log.register(C1, CAP1)
+        await append(log, C1, 3)
+        stuck = asyncio.create_task(append(waiting, C1, 2))
+
+        async def staged() -> bool:
+            return await log.head(C1) == 5
+
+        await async_wait_for(staged, message="nothing staged")
+        assert await log.released_head(C1) == 3
+        gateway = WebSocketGateway(log)
+        hub = WebSubHub(log, MemoryStore(), feed_page=5)
+        await gateway.start()
+        await hub.start()
+        try:
+            async with connect(url(gateway, f"/{C1}")) as ws:
+                hello = await recv(ws)
+                assert (hello["type"], hello["head"]) == ("hello", 3)
+            async with aiohttp.ClientSession() as http:
+                async with http.get(hub.topic(C1)) as topic:
+                    assert topic.headers[HEAD_HEADER] == "3"
+                    assert b"http://example.com/res/3" in await topic.read()
+                async with http.get(hub.feed_url(C1), params={"page": "1"}) as page:
+                    assert page.status == 200
+                    feed = await page.read()
+            assert b"http://example.com/res/3" in feed
+            assert b"fh:archive/>" not in feed, "an open page served as an archive"
+        finally:
+            stuck.cancel()
+            await hub.stop()
+            await gateway.stop()

@@ -63,6 +63,19 @@ class NotificationLog(abc.ABC):
     async def head(self, collection: str) -> int:
         """The last sequence number assigned (0 for a new collection)."""
 
+    async def released_head(self, collection: str) -> int:
+        """The last sequence number a reader can read now: what a transport may announce.
+
+        The same as :meth:`head` except while an append is held back until
+        replicated (``RedisLog``'s ``wait_replicas``): its seqs are assigned,
+        so they count in the head (the next append's ``expected_head``), but
+        nobody can read them yet.  A head message, an Atom page window or a
+        new reader's starting point built on the head would promise what is
+        not there: a subscriber sees a gap that is none, or an archive page
+        is served "complete" without them.
+        """
+        return await self.head(collection)
+
     @abc.abstractmethod
     async def earliest(self, collection: str) -> int:
         """The first retained sequence number (``head + 1`` when nothing is retained)."""

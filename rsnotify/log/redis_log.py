@@ -170,6 +170,15 @@ end
 return tonumber(redis.call('HGET', KEYS[3], 'head') or '0') + 1
 """
 
+# KEYS: pending, meta.  The seq before the first held back, else the head.
+_RELEASED_HEAD = """
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+if #first > 0 then
+  return tonumber(string.match(first[1][1], '^(%d+)')) - 1
+end
+return tonumber(redis.call('HGET', KEYS[2], 'head') or '0')
+"""
+
 # KEYS: cursors.  ARGV: name, seq.  Cursors only move forward.
 _SET_CURSOR = """
 local current = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
@@ -278,6 +287,7 @@ class RedisLog(NotificationLog):
         self._set_cursor = self._redis.register_script(_SET_CURSOR)
         self._release = self._redis.register_script(_RELEASE)
         self._earliest = self._redis.register_script(_EARLIEST)
+        self._released_head = self._redis.register_script(_RELEASED_HEAD)
 
     async def _call(self, coro: Any) -> Any:
         try:
@@ -297,6 +307,10 @@ class RedisLog(NotificationLog):
         _, meta, _ = _keys(collection)
         value = await self._call(self._redis.hget(meta, "head"))
         return int(value or 0)
+
+    async def released_head(self, collection: str) -> int:
+        _, meta, _ = _keys(collection)
+        return int(await self._call(self._released_head(keys=[_pending_key(collection), meta])))
 
     async def earliest(self, collection: str) -> int:
         log, meta, _ = _keys(collection)

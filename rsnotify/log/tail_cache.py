@@ -188,6 +188,9 @@ class TailCache(NotificationLog):
     async def earliest(self, collection: str) -> int:
         return await self.inner.earliest(collection)
 
+    async def released_head(self, collection: str) -> int:
+        return await self.inner.released_head(collection)
+
     async def checkpoint(self, collection: str) -> str | None:
         return await self.inner.checkpoint(collection)
 

@@ -545,7 +545,7 @@ class MqttPusher:
                 # earliest before head (as the WebSocket hello): then earliest <= head + 1
                 # even if retention trims in between.
                 earliest = await self.log.earliest(lane.collection)
-                head = await self.log.head(lane.collection)
+                head = await self.log.released_head(lane.collection)  # not what is held back
             except LogUnavailable as exc:
                 logger.warning("MQTT: cannot read the head of %s: %s", lane.collection, exc)
                 return False

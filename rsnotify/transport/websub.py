@@ -487,7 +487,7 @@ class WebSubHub:
         if request.mode == "unsubscribe":
             await self._remove(key, "unsubscribed")
             return False
-        head = await self.log.head(collection)
+        head = await self.log.released_head(collection)  # held-back entries come to it
         existing = self._subs.get(key)
         sub = proto.activate(
             existing.sub if existing else None, request, lease=lease, head=head, now=time.time()
@@ -580,7 +580,7 @@ class WebSubHub:
         is_framework = framework.collection_of(collection) is not None
         try:
             earliest = await self.log.earliest(collection)
-            head = await self.log.head(collection)
+            head = await self.log.released_head(collection)  # not what is held back
             handoff = None if is_framework else self.handoff.get(collection)
             body = handoff() if handoff is not None and request.method == "GET" else None
             if body is None:
@@ -614,7 +614,9 @@ class WebSubHub:
             page = int(page_text)
         try:
             earliest = await self.log.earliest(collection)
-            head = await self.log.head(collection)
+            # Pages end at what can be read: a page held-back entries belong to is
+            # not complete yet, and must not be served as an archive (RFC 5005).
+            head = await self.log.released_head(collection)
             window = atom.page_window(head, page, self.feed_page)
             if window is None or (not window.current and window.last < earliest):
                 raise web.HTTPNotFound(text="no such page (beyond the head or the retention)\n")
