@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rsnotify.log import Fenced
+from rsnotify.log import Fenced, LogUnavailable
 from rsnotify.log.redis_log import RedisLog
 from rsnotify.publisher.leader import LeaderElection, Leadership
 from tests.devstack import Redis, async_wait_for
@@ -86,3 +86,55 @@ async def test_a_stale_leader_cannot_append_after_takeover(redis_server: Redis) 
         await old.close()
         await new.close()
         await log.close()
+
+
+async def test_a_lease_taken_with_a_stale_token_is_handed_back(redis_server: Redis) -> None:
+    """A candidate stalls between drawing its token and taking the lease.
+
+    Meanwhile a later leader drew a higher token, wrote with it, and ended.
+    The lease is free, but leading with the older token would have every
+    append refused (fenced) while its lease kept every standby out.
+    """
+    stalled = LeaderElection(redis_server.url, group="g3", owner="stalled", ttl=1.0, retry=0.2)
+    later = LeaderElection(redis_server.url, group="g3", owner="later", ttl=1.0, retry=0.2)
+    try:
+        token = await stalled._next_token()  # ... and the process stalls here
+        held = await later.try_acquire()
+        assert held is not None and held.token > token
+        await later.release()  # its term ends
+        assert await stalled._claim(token) is None  # free, but not with that token
+        assert stalled.leadership is None
+        fresh = await stalled.try_acquire()
+        assert fresh is not None and fresh.token > held.token
+    finally:
+        await stalled.close()
+        await later.close()
+
+
+async def test_a_failure_to_take_office_stands_down_and_campaigns_again(
+    redis_server: Redis,
+) -> None:
+    """Taking office reloads every collection from the log, which can fail (a failover).
+
+    The failure used to end the election task for good: no lease renewed,
+    the process believing it led.
+    """
+
+    class Unlucky(Candidate):
+        failures = 1
+
+        async def elected(self, held: Leadership) -> None:
+            if self.failures:
+                self.failures -= 1
+                self.changes.append(f"failed {held.token}")
+                raise LogUnavailable("Redis is failing over")
+            await super().elected(held)
+
+    a = Unlucky(redis_server.url, "a")
+    a.start()
+    await async_wait_for(lambda: a.leading is not None, timeout=5, message="never led")
+    assert [c.split()[0] for c in a.changes] == ["failed", "deposed", "elected"]
+    assert int(a.changes[2].split()[1]) > int(a.changes[0].split()[1])
+    a.stopping.set()
+    await a.task  # type: ignore[misc]
+    await a.election.close()

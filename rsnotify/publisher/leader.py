@@ -81,12 +81,31 @@ class LeaderElection:
 
     async def try_acquire(self) -> Leadership | None:
         """One attempt: take the lease if it is free."""
-        token = int(await self._redis.incr(self.token_key))
+        return await self._claim(await self._next_token())
+
+    async def _next_token(self) -> int:
+        return int(await self._redis.incr(self.token_key))
+
+    async def _claim(self, token: int) -> Leadership | None:
+        """Take the lease with ``token``, unless it is free but ``token`` is already stale.
+
+        The token and the lease are two commands (two keys, which a Redis
+        Cluster may keep apart).  A candidate that stalled between them could
+        find the lease free after a later leader's term, and lead with an
+        older token than the one that leader wrote into the log: every append
+        refused as fenced, and its valid lease keeping every standby out.  So
+        a lease taken with a token some later INCR passed is handed back at
+        once; the next attempt draws a fresh one.
+        """
         value = f"{self.owner}:{token}"
-        if await self._redis.set(self.key, value, nx=True, px=int(self.ttl * 1000)):
-            self.leadership = Leadership(token=token, owner=value)
-            return self.leadership
-        return None
+        if not await self._redis.set(self.key, value, nx=True, px=int(self.ttl * 1000)):
+            return None
+        if int(await self._redis.get(self.token_key) or 0) != token:
+            await self._release(keys=[self.key], args=[value])
+            log.info("lease taken with the stale fencing token %d; handed back", token)
+            return None
+        self.leadership = Leadership(token=token, owner=value)
+        return self.leadership
 
     async def renew(self) -> bool:
         """Extend the lease; False if it is no longer ours."""
@@ -119,8 +138,8 @@ class LeaderElection:
                     held = await self.try_acquire()
                     if held is not None:
                         log.info("elected leader (fencing token %d)", held.token)
-                        await on_elected(held)
-                        continue
+                        if await self._take_office(held, on_elected, on_deposed):
+                            continue
                     wait = self.retry
                 else:
                     if not await self.renew():
@@ -143,6 +162,30 @@ class LeaderElection:
                 async with asyncio.timeout(wait):
                     await stopping.wait()
         await self.release()
+
+    async def _take_office(
+        self,
+        held: Leadership,
+        on_elected: Callable[[Leadership], Awaitable[None]],
+        on_deposed: Callable[[], Awaitable[None]],
+    ) -> bool:
+        """``on_elected``; if it fails, stand down and hand the lease back (False).
+
+        Taking office reloads every collection from the log, which can fail
+        (Redis failing over again, a log that diverged): the failure escaped
+        this loop and ended the election for good, the process believing it
+        led while nothing renewed its lease.
+        """
+        try:
+            await on_elected(held)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error("cannot take office (%s); standing down and campaigning again", exc)
+            await on_deposed()
+            await self.release()
+            return False
+        return True
 
     async def close(self) -> None:
         await self.release()
