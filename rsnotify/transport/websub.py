@@ -35,7 +35,8 @@ One delivery task per subscription, in order, in batches
     (capped at ``backoff_max``).  A callback that was down gets what it
     missed, in order, from the ring or -- if it fell behind the ring -- from
     the log, in batches of ``REPLAY_BATCH``; beyond the log's retention it
-    gets one ``gap_too_old`` POST and goes on from the log's earliest seq.
+    gets one ``gap_too_old`` POST (its catch-up is the Change Lists) and goes
+    on live, after the head that POST names.
     Per-subscription memory is the record, a few integers and at most one
     replay batch, however long the callback is away.
 
