@@ -326,3 +326,14 @@ async def test_an_unreachable_redis_is_named_without_its_password() -> None:
         assert "s3cret-pw" not in str(refused.value) and "<redacted>" in str(refused.value)
     finally:
         await cursors.close()
+
+
+async def test_an_age_trim_of_exactly_a_page_of_old_entries_takes_them(
+    log: NotificationLog,
+) -> None:
+    """500 entries, all past the cutoff: the Redis trim reads them by pages of 500, and
+    an empty last page left them all (seen on the second page: nothing to trim with)."""
+    await log.append(C, [b"old"] * 500, expected_head=0, checkpoint="c", logged_ms=1)
+    now_ms = int(time.time() * 1000)
+    assert await log.trim(C, Retention(max_len=None, max_age_s=60.0), now_ms) == 501
+    assert await log.read(C, 0) == []

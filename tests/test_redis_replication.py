@@ -9,10 +9,13 @@ and appear in the log, same seqs, once it is back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 
 import aiohttp
+import pytest
+from redis.exceptions import ResponseError
 from websockets.asyncio.client import connect
 
 from rsnotify.log.redis_log import RedisLog
@@ -153,37 +156,38 @@ async def test_a_replay_waits_for_seqs_a_failover_left_held_back_and_never_skips
                 assert (await recv(first))["type"] == "hello"
                 await append(log, C1, 10)
                 await recv_until(first, reached(C1, 10))
-            client = redis_server.client()
-            try:  # the promoted replica: 1..5 in the log, 6..10 held back, same ids and entries
-                key, pending = f"rsn:{{{C1}}}:log", f"rsn:{{{C1}}}:pending"
-                rows = client.xrange(key)
-                client.delete(key)  # a stream remembers its last id: rebuild it
-                for seq_id, fields in rows:
-                    seq = int(seq_id.split(b"-")[0])
-                    client.xadd(key if seq <= 5 else pending, fields, id=seq_id)
-            finally:
-                client.close()
-            assert [r.seq for r in await log.read(C1, 0)] == [1, 2, 3, 4, 5]
-            async with connect(url(gateway)) as ws:
-                await ws.send(json.dumps({"type": "subscribe", "collections": {C1: 7, C2: 0}}))
-                assert {(await recv(ws))["type"], (await recv(ws))["type"]} == {"hello"}
+                # The first client stays: the tailer that read 1..10 must stay too.
+                client = redis_server.client()
+                try:  # the promoted replica: 1..5 in the log, 6..10 held back, same ids and entries
+                    key, pending = f"rsn:{{{C1}}}:log", f"rsn:{{{C1}}}:pending"
+                    rows = client.xrange(key)
+                    client.delete(key)  # a stream remembers its last id: rebuild it
+                    for seq_id, fields in rows:
+                        seq = int(seq_id.split(b"-")[0])
+                        client.xadd(key if seq <= 5 else pending, fields, id=seq_id)
+                finally:
+                    client.close()
+                assert [r.seq for r in await log.read(C1, 0)] == [1, 2, 3, 4, 5]
+                async with connect(url(gateway)) as ws:
+                    await ws.send(json.dumps({"type": "subscribe", "collections": {C1: 7, C2: 0}}))
+                    assert {(await recv(ws))["type"], (await recv(ws))["type"]} == {"hello"}
 
-                async def waiting() -> bool:
-                    return gateway.replay_waits > 0
+                    async def waiting() -> bool:
+                        return gateway.replay_waits > 0
 
-                await async_wait_for(waiting, message="the replay never found the log behind")
-                await append(log, C2, 3)
-                other = await recv_until(
-                    ws,
-                    lambda fs: (
-                        len(notifications(fs, C2)) == 3
-                        and any(f["type"] == "heartbeat" and f["collection"] == C2 for f in fs)
-                    ),
-                    timeout=10,
-                )
-                assert gateway.replay_waits > 1, "C1 stopped looking"
-                await log.settle(C1)  # what a publisher does when it reloads the head
-                frames = other + await recv_until(ws, reached(C1, 10))
+                    await async_wait_for(waiting, message="the replay never found the log behind")
+                    await append(log, C2, 3)
+                    other = await recv_until(
+                        ws,
+                        lambda fs: (
+                            len(notifications(fs, C2)) == 3
+                            and any(f["type"] == "heartbeat" and f["collection"] == C2 for f in fs)
+                        ),
+                        timeout=10,
+                    )
+                    assert gateway.replay_waits > 1, "C1 stopped looking"
+                    await log.settle(C1)  # what a publisher does when it reloads the head
+                    frames = other + await recv_until(ws, reached(C1, 10))
         finally:
             await gateway.stop()
     assert {f["type"] for f in frames} == {"notification", "heartbeat"}, frames
@@ -250,6 +254,8 @@ async def test_settle_releases_leftovers_without_replicas_and_a_release_stops_at
 
         await async_wait_for(staged, message="nothing staged")  # no replica ever acks
         stuck.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stuck
     async with RedisLog(redis_server.url) as log:
         assert await log.read("c", 0) == []
         await log.settle("c")
@@ -259,10 +265,16 @@ async def test_settle_releases_leftovers_without_replicas_and_a_release_stops_at
         try:
             for seq in range(3, 7):
                 client.xadd("rsn:{c}:pending", {"d": b"x%d" % seq, "t": 0}, id=f"{seq}-0")
-            await log._release(keys=["rsn:{c}:log", "rsn:{c}:pending"], args=["", 4])
+            keys = ["rsn:{c}:log", "rsn:{c}:meta", "rsn:{c}:pending"]
+            await log._release(keys=keys, args=["", 4, ""])
             assert [r.seq for r in await log.read("c", 0)] == [1, 2, 3, 4]
             assert [int(i.split(b"-")[0]) for i, _ in client.xrange("rsn:{c}:pending")] == [5, 6]
-            await log._release(keys=["rsn:{c}:log", "rsn:{c}:pending"], args=["", 6])
+            # A deposed leader's late release (its token older than the log's) moves nothing.
+            client.hset("rsn:{c}:meta", "fence", 9)
+            with pytest.raises(ResponseError, match="RSN_FENCED"):
+                await log._release(keys=keys, args=["", 6, 8])
+            assert [r.seq for r in await log.read("c", 0)] == [1, 2, 3, 4]
+            await log._release(keys=keys, args=["", 6, 9])
             assert [r.seq for r in await log.read("c", 0)] == [1, 2, 3, 4, 5, 6]
             assert client.exists("rsn:{c}:pending") == 0
         finally:
@@ -309,5 +321,7 @@ async def test_what_is_held_back_is_announced_by_no_transport(redis_server: Redi
             assert b"fh:archive/>" not in feed, "an open page served as an archive"
         finally:
             stuck.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stuck
             await hub.stop()
             await gateway.stop()

@@ -126,12 +126,16 @@ return head
 """
 )
 
-# KEYS: log, pending.  ARGV: max_len ('' = none), upto.  Move what is pending up to
-# seq ``upto`` to the log, same ids, skipping any the log already holds (a release
-# repeated after a failover).  Only up to what the caller saw replicated: entries
-# another writer staged meanwhile (a deposed leader's late release, a settle
-# beside an append) stay held back until their own WAIT.
-_RELEASE = """
+# KEYS: log, meta, pending.  ARGV: max_len ('' = none), upto, fence ('' = none).
+# Move what is pending up to seq ``upto`` to the log, same ids, skipping any the
+# log already holds (a release repeated after a failover).  Only up to what the
+# caller saw replicated: entries another writer staged meanwhile (a settle beside
+# an append) stay held back until their own WAIT.  And not for a deposed leader
+# (the fence): after a failover rolled seqs back, its late release would move
+# its successor's different, unreplicated entries under the same seqs.
+_RELEASE = (
+    fence_lua(3)
+    + """
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local after = 0
 if #last > 0 then
@@ -139,21 +143,22 @@ if #last > 0 then
 end
 local upto = tonumber(ARGV[2])
 local moved = 0
-for _, row in ipairs(redis.call('XRANGE', KEYS[2], '-', upto .. '-0')) do
+for _, row in ipairs(redis.call('XRANGE', KEYS[3], '-', upto .. '-0')) do
   if tonumber(string.match(row[1], '^(%d+)')) > after then
     redis.call('XADD', KEYS[1], row[1], unpack(row[2]))
     moved = moved + 1
   end
 end
-redis.call('XTRIM', KEYS[2], 'MINID', (upto + 1) .. '-0')
-if redis.call('XLEN', KEYS[2]) == 0 then
-  redis.call('DEL', KEYS[2])
+redis.call('XTRIM', KEYS[3], 'MINID', (upto + 1) .. '-0')
+if redis.call('XLEN', KEYS[3]) == 0 then
+  redis.call('DEL', KEYS[3])
 end
 if ARGV[1] ~= '' then
   redis.call('XTRIM', KEYS[1], 'MAXLEN', tonumber(ARGV[1]))
 end
 return moved
 """
+)
 
 # KEYS: log, pending, meta.  The first seq the log holds, else the first held
 # back (they come next), else head + 1.  One script, not three commands: a
@@ -359,11 +364,16 @@ class RedisLog(NotificationLog):
             if "RSN_FENCED" in text:
                 raise Fenced(f"{collection}: fencing token {fence} is stale") from None
             raise
-        await self._release_when_replicated(collection, int(acked), max_len, int(head))
+        await self._release_when_replicated(collection, int(acked), max_len, int(head), fence)
         return int(head)
 
     async def _release_when_replicated(
-        self, collection: str, acked: int | None, max_len: int | None, upto: int
+        self,
+        collection: str,
+        acked: int | None,
+        max_len: int | None,
+        upto: int,
+        fence: int | None = None,
     ) -> None:
         """Wait (probe write + WAIT) until enough replicas hold what is pending; release it.
 
@@ -391,12 +401,17 @@ class RedisLog(NotificationLog):
                 pipe.hset(meta, "replicated_probe", int(time.time() * 1000))
                 pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
                 _, acked = await self._call(pipe.execute())
-        await self._call(
-            self._release(
-                keys=[log, _pending_key(collection)],
-                args=["" if max_len is None else max_len, upto],
+        try:
+            await self._call(
+                self._release(
+                    keys=[log, meta, _pending_key(collection)],
+                    args=["" if max_len is None else max_len, upto, "" if fence is None else fence],
+                )
             )
-        )
+        except ResponseError as exc:
+            if "RSN_FENCED" in str(exc):
+                raise Fenced(f"{collection}: fencing token {fence} is stale") from None
+            raise
 
     async def settle(self, collection: str) -> None:
         """Release entries left pending (a publisher died, a failover lost a release).
@@ -450,22 +465,24 @@ class RedisLog(NotificationLog):
         if retention.max_age_s is not None:
             cutoff = now_ms - int(retention.max_age_s * 1000)
             start = "-"
+            last = 0  # the last entry scanned, all of them older than the cutoff
             while True:
                 rows = await self._call(self._redis.xrange(log, start, "+", count=500))
                 keep = next((r for r in rows if int(r[1].get(b"t", 0)) >= cutoff), None)
                 if keep is not None:
                     await self._call(self._redis.xtrim(log, minid=keep[0], approximate=False))
                     break
+                if rows:
+                    last = _seq(rows[-1][0])
                 if len(rows) < 500:  # everything scanned is older than the cutoff
-                    if rows:
+                    if last:
                         # Up to the last one scanned, not the head read now: an
                         # append landing since the scan would go unpushed.
-                        last = _seq(rows[-1][0])
                         await self._call(
                             self._redis.xtrim(log, minid=f"{last + 1}-0", approximate=False)
                         )
                     break
-                start = f"({_seq(rows[-1][0])}-0"
+                start = f"({last}-0"
         return await self.earliest(collection)
 
     async def cursor(self, collection: str, name: str) -> int:

@@ -39,6 +39,17 @@ return 0
 """
 
 # KEYS: lease.  ARGV: owner value.  Release only our own lease.
+# KEYS: the highest token that ever took office.  ARGV: ours.  1 if ours is not
+# older (and now recorded), else 0: a later term was held meanwhile.
+_TAKE_OFFICE = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) < current then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -71,12 +82,14 @@ class LeaderElection:
             raise ValueError("need 0 < retry < ttl")
         self.key = f"rsn:leader:{group}"
         self.token_key = f"rsn:leader:{group}:token"
+        self.office_key = f"rsn:leader:{group}:office"  # the newest token that led
         self.owner = owner
         self.ttl = ttl
         self.retry = retry
         self._redis = redisurl.client(redis_url, socket_timeout=ttl / 3)
         self._renew = self._redis.register_script(_RENEW)
         self._release = self._redis.register_script(_RELEASE)
+        self._take_office_script = self._redis.register_script(_TAKE_OFFICE)
         self.leadership: Leadership | None = None
 
     async def try_acquire(self) -> Leadership | None:
@@ -94,13 +107,15 @@ class LeaderElection:
         find the lease free after a later leader's term, and lead with an
         older token than the one that leader wrote into the log: every append
         refused as fenced, and its valid lease keeping every standby out.  So
-        a lease taken with a token some later INCR passed is handed back at
-        once; the next attempt draws a fresh one.
+        each term records its token (``office_key``, only ever raised), and a
+        lease taken with a token older than a term already held is handed
+        back at once; the next attempt draws a fresh one.  Tokens standbys
+        draw and never use make nobody's stale.
         """
         value = f"{self.owner}:{token}"
         if not await self._redis.set(self.key, value, nx=True, px=int(self.ttl * 1000)):
             return None
-        if int(await self._redis.get(self.token_key) or 0) != token:
+        if not await self._take_office_script(keys=[self.office_key], args=[token]):
             await self._release(keys=[self.key], args=[value])
             log.info("lease taken with the stale fencing token %d; handed back", token)
             return None

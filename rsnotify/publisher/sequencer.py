@@ -42,6 +42,7 @@ from .tasks import pause
 log = logging.getLogger("rsnotify.publish")
 
 RETENTION_INTERVAL = 60.0  # seconds between applications of age retention
+SETTLE_BUDGET = 5.0  # seconds keep_retention gives one stream's held-back entries to be released
 
 
 @dataclass(slots=True)
@@ -286,22 +287,27 @@ class Sequencer:
 
         And release what the log holds back and nobody else will: entries a
         publisher that stopped while waiting for replicas left behind, or a
-        failover's lost release, in a collection quiet enough that no append
-        (and no reload) comes to release them.
+        failover's lost release, in a collection (or framework stream) quiet
+        enough that no append and no reload comes to release them.  After the
+        trim, so entries held back longer than the age limit are not trimmed
+        the moment they appear; each for at most :data:`SETTLE_BUDGET`
+        seconds, so one shard without its replica holds up no other
+        collection's retention (the next minute tries again).
         """
         while not stopping.is_set():
             raise_if_cancelled()  # the log's Redis client may have swallowed a cancellation
             for collection in list(collections.values()):
-                with contextlib.suppress(LogUnavailable):
-                    await self.log.settle(collection.id)
-                    earliest = await self.log.trim(
-                        collection.id, self.retention, int(time.time() * 1000)
-                    )
-                    self.metrics.earliest.labels(collection.id).set(earliest)
-                    if collection.framework is not None:
-                        await self.log.trim(
-                            framework.stream(collection.id),
-                            self.retention,
-                            int(time.time() * 1000),
+                streams = [collection.id]
+                if collection.framework is not None:
+                    streams.append(framework.stream(collection.id))
+                for stream in streams:
+                    with contextlib.suppress(LogUnavailable):
+                        earliest = await self.log.trim(
+                            stream, self.retention, int(time.time() * 1000)
                         )
+                        if stream == collection.id:
+                            self.metrics.earliest.labels(collection.id).set(earliest)
+                    with contextlib.suppress(LogUnavailable, TimeoutError):
+                        async with asyncio.timeout(SETTLE_BUDGET):
+                            await self.log.settle(stream)
             await pause(stopping, RETENTION_INTERVAL)

@@ -40,8 +40,12 @@ server sends, in this order:
 ``{"type":"hello","collection":c,"head":H,"earliest":E,"heartbeat":T,"server":id}``
     Where the log stands at subscription (the fields of
     :func:`rsnotify.outbound.head_message`): ``head`` is the last sequence
-    number assigned, ``earliest`` the first still retained (``head + 1`` when
-    none is), ``heartbeat`` the gateway's clock (W3C datetime).
+    number a reader can have (those assigned but still held back for
+    replicas do not count: ``NotificationLog.released_head``), ``earliest``
+    the first still retained (``head + 1`` when none is), ``heartbeat`` the
+    gateway's clock (W3C datetime).  A ``since`` above ``head`` is refused
+    (``since_ahead``) only beyond every seq assigned: a client may hold seqs
+    a failover made the log hold back again, and waits for the rest.
 
 ``{"type":"gap_too_old","collection":c,"since":S,"earliest":E,"capabilitylist":URI}``
     Only when ``since + 1 < earliest``: the log no longer holds what the
