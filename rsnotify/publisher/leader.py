@@ -38,7 +38,6 @@ end
 return 0
 """
 
-# KEYS: lease.  ARGV: owner value.  Release only our own lease.
 # KEYS: the highest token that ever took office.  ARGV: ours.  1 if ours is not
 # older (and now recorded), else 0: a later term was held meanwhile.
 _TAKE_OFFICE = """
@@ -50,6 +49,7 @@ redis.call('SET', KEYS[1], ARGV[1])
 return 1
 """
 
+# KEYS: lease.  ARGV: owner value.  Release only our own lease.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
