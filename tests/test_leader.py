@@ -138,3 +138,37 @@ async def test_a_failure_to_take_office_stands_down_and_campaigns_again(
     a.stopping.set()
     await a.task  # type: ignore[misc]
     await a.election.close()
+
+
+async def test_the_lease_is_kept_while_taking_office_takes_longer_than_it(
+    redis_server: Redis,
+) -> None:
+    """Taking office (reloading every collection) may outlast the lease's TTL.
+
+    It was not renewed meanwhile: a standby took the lease over, and the
+    first then led too once its reload returned (until its next renewal).
+    """
+
+    class Slow(Candidate):
+        def __init__(self, url: str, name: str) -> None:
+            super().__init__(url, name)
+            self.may_finish = asyncio.Event()
+
+        async def elected(self, held: Leadership) -> None:
+            self.changes.append("taking office")
+            await self.may_finish.wait()
+            await super().elected(held)
+
+    a, b = Slow(redis_server.url, "a"), Candidate(redis_server.url, "b")
+    a.start()
+    await async_wait_for(lambda: a.changes == ["taking office"], timeout=5)
+    b.start()
+    with pytest.raises(AssertionError):  # scenario time: two TTLs of b trying
+        await async_wait_for(lambda: b.leading is not None, timeout=2 * 1.5)
+    a.may_finish.set()
+    await async_wait_for(lambda: a.leading is not None, timeout=5)
+    assert b.leading is None and b.changes == []
+    for c in (a, b):
+        c.stopping.set()
+        await c.task  # type: ignore[misc]
+        await c.election.close()

@@ -184,23 +184,46 @@ class LeaderElection:
         on_elected: Callable[[Leadership], Awaitable[None]],
         on_deposed: Callable[[], Awaitable[None]],
     ) -> bool:
-        """``on_elected``; if it fails, stand down and hand the lease back (False).
+        """``on_elected`` with the lease renewed meanwhile; False if that fails or the lease goes.
 
         Taking office reloads every collection from the log, which can fail
         (Redis failing over again, a log that diverged): the failure escaped
         this loop and ended the election for good, the process believing it
-        led while nothing renewed its lease.
+        led while nothing renewed its lease.  It can also take a while (many
+        collections; held-back entries waiting for a replica), and the lease
+        was not renewed meanwhile: it could lapse, a standby take over, and
+        this process start leading after it.  Now a failure stands down and
+        hands the lease back, and a lease lost meanwhile stops taking office.
         """
+        office: asyncio.Future[None] = asyncio.ensure_future(on_elected(held))
+        keeper = asyncio.create_task(self._keep_lease(), name="rsnotify-lease-keeper")
         try:
-            await on_elected(held)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.error("cannot take office (%s); standing down and campaigning again", exc)
-            await on_deposed()
-            await self.release()
-            return False
-        return True
+            await asyncio.wait({office, keeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            keeper.cancel()
+            if not office.done():  # the lease is gone (or we are cancelled): stop
+                office.cancel()
+            await asyncio.gather(office, keeper, return_exceptions=True)
+        if office.cancelled():
+            raise_if_cancelled()  # we were cancelled ourselves
+            log.warning("lost the leader lease while taking office; standing down")
+        elif (failure := office.exception()) is not None:
+            log.error("cannot take office (%s); standing down and campaigning again", failure)
+        else:
+            return True
+        await on_deposed()
+        await self.release()
+        return False
+
+    async def _keep_lease(self) -> None:
+        """Renew the lease every third of its TTL; return once it is no longer ours."""
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                if not await self.renew():
+                    return
+            except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException):
+                return  # cannot renew: take the lease as lost, as run() does
 
     async def close(self) -> None:
         await self.release()
