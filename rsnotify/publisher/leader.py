@@ -197,14 +197,18 @@ class LeaderElection:
         """
         office: asyncio.Future[None] = asyncio.ensure_future(on_elected(held))
         keeper = asyncio.create_task(self._keep_lease(), name="rsnotify-lease-keeper")
+        lost = False
         try:
             await asyncio.wait({office, keeper}, return_when=asyncio.FIRST_COMPLETED)
+            lost = keeper.done()
         finally:
             keeper.cancel()
             if not office.done():  # the lease is gone (or we are cancelled): stop
                 office.cancel()
             await asyncio.gather(office, keeper, return_exceptions=True)
-        if office.cancelled():
+        if lost or office.cancelled():
+            # (Taking office may even have finished, a cancellation swallowed
+            # by the Redis client on the way: without the lease it is void.)
             raise_if_cancelled()  # we were cancelled ourselves
             log.warning("lost the leader lease while taking office; standing down")
         elif (failure := office.exception()) is not None:
@@ -224,6 +228,9 @@ class LeaderElection:
                     return
             except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException):
                 return  # cannot renew: take the lease as lost, as run() does
+            # redis-py can swallow a cancellation that lands mid-command: without
+            # this the keeper renewed on, and _take_office waited for it forever.
+            raise_if_cancelled()
 
     async def close(self) -> None:
         await self.release()
