@@ -225,6 +225,12 @@ def unavailable(exc: BaseException, url: str) -> LogUnavailable | None:
     return None
 
 
+def _raise_if_fenced(exc: ResponseError, collection: str, fence: int | None) -> None:
+    """A script's ``RSN_FENCED`` refusal (:func:`fence_lua`) as the log's :class:`Fenced`."""
+    if "RSN_FENCED" in str(exc):
+        raise Fenced(f"{collection}: fencing token {fence} is stale") from None
+
+
 def meta_key(collection: str) -> str:
     """The collection's ``meta`` hash (head, checkpoint, fence), for stores fenced alike."""
     return _keys(collection)[1]
@@ -361,8 +367,7 @@ class RedisLog(NotificationLog):
                 raise LogConflict(
                     f"{collection}: head is {text.split()[-1]}, expected {expected_head}"
                 ) from None
-            if "RSN_FENCED" in text:
-                raise Fenced(f"{collection}: fencing token {fence} is stale") from None
+            _raise_if_fenced(exc, collection, fence)
             raise
         await self._release_when_replicated(collection, int(acked), max_len, int(head), fence)
         return int(head)
@@ -409,8 +414,7 @@ class RedisLog(NotificationLog):
                 )
             )
         except ResponseError as exc:
-            if "RSN_FENCED" in str(exc):
-                raise Fenced(f"{collection}: fencing token {fence} is stale") from None
+            _raise_if_fenced(exc, collection, fence)
             raise
 
     async def settle(self, collection: str) -> None:
