@@ -572,11 +572,10 @@ class WebSocketGateway:
         The log holding nothing after the client's position means one of two
         things.  Retention trimmed it (the log starts beyond the position):
         the client is told ``skipped`` up to what is left.  Or the records are
-        not in the log *yet*: with ``--redis-wait-replicas`` an append is held
-        back until replicated, while the head the tailer started from already
-        counts it, and after a Redis failover the promoted replica may hold
-        back again what the old primary had released and gateways had pushed
-        (see :mod:`rsnotify.log.redis_log`).  Those come, under the same seqs,
+        not in the log *yet*: after a Redis failover the promoted replica may
+        hold back (until replicated, ``--redis-wait-replicas``) what the old
+        primary had released and this gateway's tailer had already read (see
+        :mod:`rsnotify.log.redis_log`).  Those come, under the same seqs,
         and are never skipped: ``skipped`` tells a client they are gone for
         good, and it would resubscribe past them.  The writer looks again
         after :data:`REPLAY_RETRY` (a read, not a blocking wait: a waiting
