@@ -256,6 +256,9 @@ async def test_settle_releases_leftovers_without_replicas_and_a_release_stops_at
         stuck.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await stuck
+        # Not patient (the retention task's once a minute): one probe, no replica, nothing moved.
+        await dying.settle("c", patient=False)
+        assert await dying.read("c", 0) == []
     async with RedisLog(redis_server.url) as log:
         assert await log.read("c", 0) == []
         await log.settle("c")

@@ -136,10 +136,14 @@ class NotificationLog(abc.ABC):
     async def register(self, collection: str, capability_list: str) -> None:
         """Record a collection and its Capability List URI."""
 
-    async def settle(self, collection: str) -> None:  # noqa: B027 - optional: most never hold back
+    async def settle(  # noqa: B027 - optional: most never hold back
+        self, collection: str, *, patient: bool = True
+    ) -> None:
         """Make visible what an append left held back (see ``RedisLog``'s ``wait_replicas``).
 
-        A no-op for backends that never hold entries back.
+        ``patient``: wait until replicas hold it; else ask once and leave what
+        they do not hold yet for a later call.  A no-op for backends that
+        never hold entries back.
         """
 
     @abc.abstractmethod

@@ -379,16 +379,21 @@ class RedisLog(NotificationLog):
         max_len: int | None,
         upto: int,
         fence: int | None = None,
+        *,
+        patient: bool = True,
     ) -> None:
         """Wait (probe write + WAIT) until enough replicas hold what is pending; release it.
 
         ``acked``: what the append's own WAIT said (None: nothing asked yet).
         ``upto``: the last seq written before that WAIT (or the probe): what
-        is released, and no more.
+        is released, and no more.  Not ``patient``: one probe, and nothing
+        released if the replicas do not hold it yet.
         """
         log, meta, _ = _keys(collection)
         held_since = next_warning = time.monotonic()
         while acked is None or acked < self.wait_replicas:
+            if acked is not None and not patient:
+                return  # not replicated yet: a later settle looks again
             if acked is not None and time.monotonic() >= next_warning:
                 _log.warning(
                     "%s: only %d of %d replica(s) acknowledged the last append after %.1f s; "
@@ -417,7 +422,7 @@ class RedisLog(NotificationLog):
             _raise_if_fenced(exc, collection, fence)
             raise
 
-    async def settle(self, collection: str) -> None:
+    async def settle(self, collection: str, *, patient: bool = True) -> None:
         """Release entries left pending (a publisher died, a failover lost a release).
 
         Also with ``wait_replicas`` 0 (no wait then): entries a run with
@@ -427,7 +432,8 @@ class RedisLog(NotificationLog):
         if not last:
             return
         # What is pending now was written before the probe below: its WAIT covers it.
-        await self._release_when_replicated(collection, None, None, _seq(last[0][0]))
+        upto = _seq(last[0][0])
+        await self._release_when_replicated(collection, None, None, upto, patient=patient)
 
     async def checkpoint(self, collection: str) -> str | None:
         _, meta, _ = _keys(collection)

@@ -202,8 +202,8 @@ class TailCache(NotificationLog):
     async def cursor(self, collection: str, name: str) -> int:
         return await self.inner.cursor(collection, name)
 
-    async def settle(self, collection: str) -> None:
-        await self.inner.settle(collection)
+    async def settle(self, collection: str, *, patient: bool = True) -> None:
+        await self.inner.settle(collection, patient=patient)
 
     async def set_cursor(self, collection: str, name: str, seq: int) -> None:
         await self.inner.set_cursor(collection, name, seq)

@@ -42,7 +42,6 @@ from .tasks import pause
 log = logging.getLogger("rsnotify.publish")
 
 RETENTION_INTERVAL = 60.0  # seconds between applications of age retention
-SETTLE_BUDGET = 5.0  # seconds keep_retention gives one stream's held-back entries to be released
 
 
 @dataclass(slots=True)
@@ -290,9 +289,11 @@ class Sequencer:
         failover's lost release, in a collection (or framework stream) quiet
         enough that no append and no reload comes to release them.  After the
         trim, so entries held back longer than the age limit are not trimmed
-        the moment they appear; each for at most :data:`SETTLE_BUDGET`
-        seconds, so one shard without its replica holds up no other
-        collection's retention (the next minute tries again).
+        the moment they appear; one probe each (``patient=False``: one
+        ``WAIT`` of ``--redis-wait-ms``), so one shard without its replica
+        holds up no other collection's retention (the next minute tries
+        again).  Not a timeout: cancelling the Redis client mid-command can
+        leave its connection broken.
         """
         while not stopping.is_set():
             raise_if_cancelled()  # the log's Redis client may have swallowed a cancellation
@@ -307,7 +308,6 @@ class Sequencer:
                         )
                         if stream == collection.id:
                             self.metrics.earliest.labels(collection.id).set(earliest)
-                    with contextlib.suppress(LogUnavailable, TimeoutError):
-                        async with asyncio.timeout(SETTLE_BUDGET):
-                            await self.log.settle(stream)
+                    with contextlib.suppress(LogUnavailable):
+                        await self.log.settle(stream, patient=False)
             await pause(stopping, RETENTION_INTERVAL)
